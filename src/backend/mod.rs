@@ -1,0 +1,104 @@
+//! The [`Backend`] trait: how one sandbox is made, found, reached and
+//! destroyed. Backends know nothing of HTTP routes, generations fencing
+//! policy, pins, the reaper or quiesce: that is [`crate::lifecycle`].
+//!
+//! Implementations: [`memory`] (tests only), `native` (this node) and
+//! `kube` (Pods through kube-rs).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::net::TcpStream;
+
+use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
+
+pub mod memory;
+
+/// Why a backend operation failed. The HTTP layer maps these to status
+/// codes in one place (`api::error`).
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The request is well-formed but cannot be served as asked
+    /// (e.g. `workdir_path` does not exist): HTTP 400.
+    #[error("{0}")]
+    Invalid(String),
+    /// The backend refused because the generation it holds differs (the
+    /// API server's UID precondition, for example): HTTP 409.
+    #[error("generation conflict: {0}")]
+    Conflict(String),
+    /// The sandbox did not become healthy in time (everything made was
+    /// cleaned up): HTTP 500.
+    #[error("sandbox did not become healthy within {0:?}")]
+    HealthTimeout(Duration),
+    /// The sandbox cannot be reached: HTTP 502 on the proxy path.
+    #[error("cannot reach sandbox: {0}")]
+    Unreachable(String),
+    /// Anything else: HTTP 500.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl BackendError {
+    /// A short, stable label for metrics (`errors_total{kind=...}`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Invalid(_) => "invalid",
+            BackendError::Conflict(_) => "conflict",
+            BackendError::HealthTimeout(_) => "health_timeout",
+            BackendError::Unreachable(_) => "unreachable",
+            BackendError::Internal(_) => "internal",
+        }
+    }
+}
+
+/// A connection to the sandbox's HTTP server, plus the path prefix the
+/// proxied path is appended to (empty except for the memory backend's URL
+/// template).
+pub struct Upstream {
+    pub stream: TcpStream,
+}
+
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// `native`, `kubernetes` or `memory` (reported by `/health`).
+    fn name(&self) -> &'static str;
+
+    /// Makes a new incarnation of `spec` and returns once it answers its
+    /// health endpoint, or fails within `health_timeout` after removing
+    /// everything it made. The caller guarantees no other incarnation of
+    /// this id exists (it deletes a stale one first) and that no other
+    /// operation on this id runs concurrently.
+    async fn create(
+        &self,
+        spec: &SandboxSpec,
+        health_timeout: Duration,
+    ) -> Result<SandboxRecord, BackendError>;
+
+    /// Every sandbox this backend manages right now (start-up adoption,
+    /// quiesce). Must include sandboxes made by an earlier daemon process.
+    async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError>;
+
+    /// A cheap status check of one incarnation (no network round trip
+    /// where avoidable): called on discover, on reuse and by the reaper.
+    async fn status(&self, record: &SandboxRecord) -> SandboxStatus;
+
+    /// Returns the record with the latest status/OOM fields refreshed.
+    /// The default only refreshes `status`.
+    async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
+        let mut r = record.clone();
+        r.status = self.status(record).await;
+        r
+    }
+
+    /// Destroys exactly this incarnation (`generation`). Succeeds when it is
+    /// already gone. Never touches user files.
+    async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;
+
+    /// Opens a connection to the sandbox's HTTP server.
+    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError>;
+
+    /// A path prefix prepended to every proxied path ("" for real sandboxes).
+    fn path_prefix(&self, _record: &SandboxRecord) -> String {
+        String::new()
+    }
+}

@@ -1,0 +1,614 @@
+//! Daemon configuration: built-in defaults, then an optional TOML file,
+//! then the environment names of the provisioner contract (env wins), then
+//! command-line flags. Every value has a working default so `sandboxd serve`
+//! runs in a fresh root shell with no file.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {name}: {message}")]
+    Env { name: &'static str, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Native,
+    Kubernetes,
+    Memory,
+}
+
+impl BackendKind {
+    /// Parses a `PROVISIONER_BACKEND` value; `docker` and `local` are
+    /// accepted aliases of `native` (the second element says so).
+    pub fn parse(s: &str) -> Result<(BackendKind, bool), String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "native" => Ok((BackendKind::Native, false)),
+            "docker" | "local" => Ok((BackendKind::Native, true)),
+            "kubernetes" | "k8s" => Ok((BackendKind::Kubernetes, false)),
+            "memory" => Ok((BackendKind::Memory, false)),
+            other => Err(format!(
+                "unknown backend {other:?} (expected native, kubernetes or memory)"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Node defaults and maxima for sandbox resources.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub max_memory_mb: u64,
+    pub max_cpus: f64,
+    pub max_pids: u64,
+    /// Size cap of `/tmp` inside a sandbox.
+    pub tmp_size_mb: u64,
+    /// Size cap of `/home/gem` (and of an ephemeral user-data tmpfs).
+    pub home_size_mb: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mb: 2048,
+            cpus: 1.0,
+            pids: 512,
+            max_memory_mb: 8192,
+            max_cpus: 4.0,
+            max_pids: 4096,
+            tmp_size_mb: 512,
+            home_size_mb: 512,
+        }
+    }
+}
+
+/// Settings of the node-local backend.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NativeConfig {
+    /// Host paths bind-mounted read-only into the "host" rootfs profile.
+    pub rootfs_binds: Vec<String>,
+    /// The `sandbox-agent` binary (default: next to `sandboxd`).
+    pub agent_path: Option<PathBuf>,
+    /// The `sandbox-init` binary (default: next to `sandboxd`).
+    pub init_path: Option<PathBuf>,
+    /// Base OCI spec overriding the embedded `oci/base.json`.
+    pub base_spec: Option<PathBuf>,
+    /// Seccomp profile overriding the embedded `seccomp/default.json`.
+    pub seccomp_profile: Option<PathBuf>,
+    /// Parent cgroup of all sandboxes (relative to the cgroup root).
+    pub cgroup_parent: String,
+}
+
+impl Default for NativeConfig {
+    fn default() -> Self {
+        NativeConfig {
+            rootfs_binds: [
+                "/usr",
+                "/etc/alternatives",
+                "/etc/ssl",
+                "/etc/ca-certificates",
+                "/etc/localtime",
+                "/etc/nsswitch.conf",
+                "/etc/ld.so.cache",
+                "/etc/ld.so.conf",
+                "/etc/ld.so.conf.d",
+                "/etc/python3",
+                "/etc/python3.11",
+                "/etc/gitconfig",
+                "/etc/bash.bashrc",
+                "/etc/profile",
+                "/etc/mime.types",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            agent_path: None,
+            init_path: None,
+            base_spec: None,
+            seccomp_profile: None,
+            cgroup_parent: "sandboxd".to_string(),
+        }
+    }
+}
+
+/// Settings of the Kubernetes backend.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubeConfig {
+    pub namespace: String,
+    pub kubeconfig_path: Option<PathBuf>,
+    pub node_host: String,
+    pub user_data_pvc: Option<String>,
+    pub skills_pvc: Option<String>,
+    /// `nodeport` (compatible default) or `pod-ip` (in-cluster).
+    pub connect_mode: String,
+    /// `localhost` (our profile installed on nodes) or `runtime-default`.
+    pub seccomp: String,
+    /// Path of the Localhost profile relative to the kubelet seccomp root.
+    pub seccomp_localhost_profile: String,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        KubeConfig {
+            namespace: "default".to_string(),
+            kubeconfig_path: None,
+            node_host: "127.0.0.1".to_string(),
+            user_data_pvc: None,
+            skills_pvc: None,
+            connect_mode: "nodeport".to_string(),
+            seccomp: "localhost".to_string(),
+            seccomp_localhost_profile: "sandboxd/default.json".to_string(),
+        }
+    }
+}
+
+/// The whole daemon configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub backend: BackendKind,
+    pub listen: String,
+    /// Must be set to listen on anything but loopback.
+    pub allow_non_loopback: bool,
+    pub unix_socket: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub public_url: Option<String>,
+    pub sandbox_image: String,
+    pub container_port: u16,
+    pub health_timeout_seconds: u64,
+    pub idle_timeout_seconds: i64,
+    pub idle_check_interval_seconds: u64,
+    pub exec_timeout_seconds: u64,
+    pub user_data_root: PathBuf,
+    pub skills_root: PathBuf,
+    /// dotenv file merged under every sandbox's user env.
+    pub sandbox_env_file: Option<PathBuf>,
+    pub memory_url_template: String,
+    /// Stop every sandbox when the daemon exits (default: leave them running).
+    pub stop_sandboxes_on_exit: bool,
+    pub shutdown_grace_seconds: u64,
+    pub log_format: LogFormat,
+    pub limits: Limits,
+    pub native: NativeConfig,
+    pub kubernetes: KubeConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: BackendKind::Native,
+            listen: "127.0.0.1:8002".to_string(),
+            allow_non_loopback: false,
+            unix_socket: None,
+            state_dir: PathBuf::from("/var/lib/sandboxd"),
+            token: None,
+            token_file: None,
+            public_url: None,
+            sandbox_image: "sandboxd-host".to_string(),
+            container_port: 8080,
+            health_timeout_seconds: 60,
+            idle_timeout_seconds: 600,
+            idle_check_interval_seconds: 10,
+            exec_timeout_seconds: 180,
+            user_data_root: PathBuf::from("/var/lib/sandboxd/user-data"),
+            skills_root: PathBuf::from("/var/lib/sandboxd/skills"),
+            sandbox_env_file: None,
+            memory_url_template: "http://127.0.0.1:8080".to_string(),
+            stop_sandboxes_on_exit: false,
+            shutdown_grace_seconds: 20,
+            log_format: LogFormat::Text,
+            limits: Limits::default(),
+            native: NativeConfig::default(),
+            kubernetes: KubeConfig::default(),
+        }
+    }
+}
+
+/// Reads environment variables; injectable for tests.
+pub trait EnvSource {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl EnvSource for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl EnvSource for BTreeMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        BTreeMap::get(self, name).cloned()
+    }
+}
+
+fn parse_env<T: std::str::FromStr>(
+    env: &dyn EnvSource,
+    name: &'static str,
+) -> Result<Option<T>, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match env.get(name) {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => v.trim().parse::<T>().map(Some).map_err(|e| ConfigError::Env {
+            name,
+            message: format!("{e}"),
+        }),
+    }
+}
+
+fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError::Env {
+            name,
+            message: format!("{v:?} is not a boolean"),
+        }),
+    }
+}
+
+impl Config {
+    /// Loads the TOML file (if any) and applies the environment over it.
+    pub fn load(file: Option<&Path>, env: &dyn EnvSource) -> Result<Config, ConfigError> {
+        let file = file
+            .map(Path::to_path_buf)
+            .or_else(|| env.get("SANDBOXD_CONFIG").map(PathBuf::from));
+        let mut cfg = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                toml::from_str::<Config>(&text).map_err(|e| ConfigError::Parse {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?
+            }
+            None => Config::default(),
+        };
+        cfg.apply_env(env)?;
+        Ok(cfg)
+    }
+
+    /// Applies the contract's environment names (env wins over the file).
+    pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<(), ConfigError> {
+        if let Some(v) = env.get("PROVISIONER_BACKEND").filter(|v| !v.trim().is_empty()) {
+            let (kind, alias) = BackendKind::parse(&v).map_err(|message| ConfigError::Env {
+                name: "PROVISIONER_BACKEND",
+                message,
+            })?;
+            if alias {
+                tracing::info!(value = %v, "PROVISIONER_BACKEND alias selects the native (node-local) backend");
+            }
+            self.backend = kind;
+        }
+        if let Some(v) = env.get("SANDBOX_PROVISIONER_TOKEN") {
+            self.token = Some(v);
+        }
+        if let Some(v) = env.get("SANDBOXD_TOKEN_FILE").filter(|v| !v.is_empty()) {
+            self.token_file = Some(PathBuf::from(v));
+        }
+        if let Some(v) = env.get("PROVISIONER_PUBLIC_URL").filter(|v| !v.is_empty()) {
+            self.public_url = Some(v);
+        }
+        if let Some(v) = env.get("SANDBOX_IMAGE").filter(|v| !v.is_empty()) {
+            self.sandbox_image = v;
+        }
+        if let Some(v) = parse_env(env, "SANDBOX_CONTAINER_PORT")? {
+            self.container_port = v;
+        }
+        if let Some(v) = parse_env(env, "SANDBOX_HEALTH_TIMEOUT_SECONDS")? {
+            self.health_timeout_seconds = v;
+        }
+        if let Some(v) = parse_env(env, "SANDBOX_IDLE_TIMEOUT_SECONDS")? {
+            self.idle_timeout_seconds = v;
+        }
+        if let Some(v) = parse_env(env, "SANDBOX_IDLE_CHECK_INTERVAL_SECONDS")? {
+            self.idle_check_interval_seconds = v;
+        }
+        if let Some(v) = parse_env(env, "SANDBOX_EXEC_TIMEOUT_SECONDS")? {
+            self.exec_timeout_seconds = v;
+        }
+        if let Some(v) = env.get("K8S_NAMESPACE").filter(|v| !v.is_empty()) {
+            self.kubernetes.namespace = v;
+        }
+        if let Some(v) = env.get("KUBECONFIG_PATH").filter(|v| !v.is_empty()) {
+            self.kubernetes.kubeconfig_path = Some(PathBuf::from(v));
+        }
+        if let Some(v) = env.get("NODE_HOST").filter(|v| !v.is_empty()) {
+            self.kubernetes.node_host = v;
+        }
+        if let Some(v) = env.get("USER_DATA_PVC").filter(|v| !v.is_empty()) {
+            self.kubernetes.user_data_pvc = Some(v);
+        }
+        if let Some(v) = env.get("SKILLS_PVC").filter(|v| !v.is_empty()) {
+            self.kubernetes.skills_pvc = Some(v);
+        }
+        // Neutral names win over the Docker-era ones when both are set.
+        for name in ["DOCKER_USER_DATA_HOST_PATH", "SANDBOXD_USER_DATA_ROOT"] {
+            if let Some(v) = env.get(name).filter(|v| !v.is_empty()) {
+                self.user_data_root = PathBuf::from(v);
+            }
+        }
+        for name in ["DOCKER_SKILL_PROJECTIONS_HOST_PATH", "SANDBOXD_SKILLS_ROOT"] {
+            if let Some(v) = env.get(name).filter(|v| !v.is_empty()) {
+                self.skills_root = PathBuf::from(v);
+            }
+        }
+        if let Some(v) = env.get("SANDBOXD_LISTEN").filter(|v| !v.is_empty()) {
+            self.listen = v;
+        }
+        if let Some(v) = env.get("SANDBOXD_UNIX_SOCKET").filter(|v| !v.is_empty()) {
+            self.unix_socket = Some(PathBuf::from(v));
+        }
+        if let Some(v) = env.get("SANDBOXD_STATE_DIR").filter(|v| !v.is_empty()) {
+            self.state_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env.get("SANDBOXD_SANDBOX_ENV_FILE").filter(|v| !v.is_empty()) {
+            self.sandbox_env_file = Some(PathBuf::from(v));
+        }
+        if let Some(v) = env.get("MEMORY_SANDBOX_URL_TEMPLATE").filter(|v| !v.is_empty()) {
+            self.memory_url_template = v;
+        }
+        if let Some(v) = env.get("SANDBOXD_ALLOW_NON_LOOPBACK") {
+            self.allow_non_loopback = parse_bool("SANDBOXD_ALLOW_NON_LOOPBACK", &v)?;
+        }
+        if let Some(v) = env.get("SANDBOXD_STOP_SANDBOXES_ON_EXIT") {
+            self.stop_sandboxes_on_exit = parse_bool("SANDBOXD_STOP_SANDBOXES_ON_EXIT", &v)?;
+        }
+        if let Some(v) = env.get("SANDBOXD_LOG_FORMAT").filter(|v| !v.is_empty()) {
+            self.log_format = match v.as_str() {
+                "json" => LogFormat::Json,
+                "text" => LogFormat::Text,
+                _ => {
+                    return Err(ConfigError::Env {
+                        name: "SANDBOXD_LOG_FORMAT",
+                        message: format!("{v:?} is not text or json"),
+                    })
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// The listen address, refusing a non-loopback one unless
+    /// `allow_non_loopback` is set.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        let addr: SocketAddr = self.listen.parse().map_err(|e| {
+            ConfigError::Invalid(format!("listen address {:?}: {e}", self.listen))
+        })?;
+        if !addr.ip().is_loopback() && !self.allow_non_loopback {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on non-loopback address {addr}: set allow_non_loopback = true \
+                 in the config file (or SANDBOXD_ALLOW_NON_LOOPBACK=true) to expose the API"
+            )));
+        }
+        Ok(addr)
+    }
+
+    /// The idle timeout after the contract's rule: `<= 0` disables the
+    /// reaper; a timeout `<=` the exec timeout is raised to exec + 30.
+    /// The second element is true when it was raised (the caller warns).
+    pub fn effective_idle_timeout(&self) -> (Option<u64>, bool) {
+        if self.idle_timeout_seconds <= 0 {
+            return (None, false);
+        }
+        let t = self.idle_timeout_seconds as u64;
+        if t <= self.exec_timeout_seconds {
+            (Some(self.exec_timeout_seconds + 30), true)
+        } else {
+            (Some(t), false)
+        }
+    }
+
+    /// `PROVISIONER_PUBLIC_URL` without a trailing slash, defaulting to the
+    /// listen address.
+    pub fn public_url(&self) -> String {
+        let url = self
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen));
+        url.trim_end_matches('/').to_string()
+    }
+
+    /// Checks values that have no sensible interpretation.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.health_timeout_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "health_timeout_seconds must be at least 1".into(),
+            ));
+        }
+        if self.idle_check_interval_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "idle_check_interval_seconds must be at least 1".into(),
+            ));
+        }
+        let l = &self.limits;
+        if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
+            return Err(ConfigError::Invalid(
+                "limits: a node default is above its maximum".into(),
+            ));
+        }
+        if l.cpus <= 0.0 || l.memory_mb == 0 || l.pids == 0 {
+            return Err(ConfigError::Invalid(
+                "limits: defaults must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses a dotenv file: `KEY=value` lines, `#` comments, optional
+/// `export ` prefix, single or double quotes around the value.
+pub fn parse_dotenv(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!("line {}: expected KEY=value", n + 1));
+        };
+        let k = k.trim();
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!("line {}: bad key {k:?}", n + 1));
+        }
+        let v = v.trim();
+        let v = if v.len() >= 2
+            && ((v.starts_with('"') && v.ends_with('"'))
+                || (v.starts_with('\'') && v.ends_with('\'')))
+        {
+            &v[1..v.len() - 1]
+        } else {
+            v
+        };
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_work_without_file() {
+        let c = Config::load(None, &env(&[])).unwrap();
+        assert_eq!(c.backend, BackendKind::Native);
+        assert_eq!(c.listen_addr().unwrap().to_string(), "127.0.0.1:8002");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn env_wins_over_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "backend = \"memory\"\nidle_timeout_seconds = 900\n[limits]\npids = 100\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[("SANDBOX_IDLE_TIMEOUT_SECONDS", "1000")])).unwrap();
+        assert_eq!(c.backend, BackendKind::Memory);
+        assert_eq!(c.idle_timeout_seconds, 1000);
+        assert_eq!(c.limits.pids, 100);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_env_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "listne = \"x\"\n").unwrap();
+        let e = Config::load(Some(&p), &env(&[])).unwrap_err().to_string();
+        assert!(e.contains("listne"), "{e}");
+        let e = Config::load(None, &env(&[("SANDBOX_IDLE_TIMEOUT_SECONDS", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SANDBOX_IDLE_TIMEOUT_SECONDS"), "{e}");
+    }
+
+    #[test]
+    fn backend_aliases() {
+        for (v, k) in [
+            ("docker", BackendKind::Native),
+            ("local", BackendKind::Native),
+            ("kubernetes", BackendKind::Kubernetes),
+        ] {
+            let c = Config::load(None, &env(&[("PROVISIONER_BACKEND", v)])).unwrap();
+            assert_eq!(c.backend, k);
+        }
+        assert!(Config::load(None, &env(&[("PROVISIONER_BACKEND", "podman")])).is_err());
+    }
+
+    #[test]
+    fn neutral_root_names_win() {
+        let c = Config::load(
+            None,
+            &env(&[
+                ("DOCKER_USER_DATA_HOST_PATH", "/a"),
+                ("SANDBOXD_USER_DATA_ROOT", "/b"),
+                ("DOCKER_SKILL_PROJECTIONS_HOST_PATH", "/s"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.user_data_root, PathBuf::from("/b"));
+        assert_eq!(c.skills_root, PathBuf::from("/s"));
+    }
+
+    #[test]
+    fn non_loopback_needs_opt_in() {
+        let mut c = Config {
+            listen: "0.0.0.0:8002".into(),
+            ..Config::default()
+        };
+        assert!(c.listen_addr().is_err());
+        c.allow_non_loopback = true;
+        assert!(c.listen_addr().is_ok());
+        c.listen = "[::1]:9".into();
+        c.allow_non_loopback = false;
+        assert!(c.listen_addr().is_ok());
+    }
+
+    #[test]
+    fn idle_timeout_rules() {
+        let mut c = Config::default();
+        assert_eq!(c.effective_idle_timeout(), (Some(600), false));
+        c.idle_timeout_seconds = 100;
+        assert_eq!(c.effective_idle_timeout(), (Some(210), true));
+        c.idle_timeout_seconds = 0;
+        assert_eq!(c.effective_idle_timeout(), (None, false));
+        c.idle_timeout_seconds = -5;
+        assert_eq!(c.effective_idle_timeout(), (None, false));
+    }
+
+    #[test]
+    fn dotenv() {
+        let m = parse_dotenv("# c\nA=1\nexport B=\"two words\"\nC='x=y'\n\n").unwrap();
+        assert_eq!(m["A"], "1");
+        assert_eq!(m["B"], "two words");
+        assert_eq!(m["C"], "x=y");
+        assert!(parse_dotenv("novalue").is_err());
+    }
+}
