@@ -262,10 +262,14 @@ where
     match env.get(name) {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v.trim().parse::<T>().map(Some).map_err(|e| ConfigError::Env {
-            name,
-            message: format!("{e}"),
-        }),
+        Some(v) => v
+            .trim()
+            .parse::<T>()
+            .map(Some)
+            .map_err(|e| ConfigError::Env {
+                name,
+                message: format!("{e}"),
+            }),
     }
 }
 
@@ -305,7 +309,10 @@ impl Config {
 
     /// Applies the contract's environment names (env wins over the file).
     pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<(), ConfigError> {
-        if let Some(v) = env.get("PROVISIONER_BACKEND").filter(|v| !v.trim().is_empty()) {
+        if let Some(v) = env
+            .get("PROVISIONER_BACKEND")
+            .filter(|v| !v.trim().is_empty())
+        {
             let (kind, alias) = BackendKind::parse(&v).map_err(|message| ConfigError::Env {
                 name: "PROVISIONER_BACKEND",
                 message,
@@ -377,10 +384,16 @@ impl Config {
         if let Some(v) = env.get("SANDBOXD_STATE_DIR").filter(|v| !v.is_empty()) {
             self.state_dir = PathBuf::from(v);
         }
-        if let Some(v) = env.get("SANDBOXD_SANDBOX_ENV_FILE").filter(|v| !v.is_empty()) {
+        if let Some(v) = env
+            .get("SANDBOXD_SANDBOX_ENV_FILE")
+            .filter(|v| !v.is_empty())
+        {
             self.sandbox_env_file = Some(PathBuf::from(v));
         }
-        if let Some(v) = env.get("MEMORY_SANDBOX_URL_TEMPLATE").filter(|v| !v.is_empty()) {
+        if let Some(v) = env
+            .get("MEMORY_SANDBOX_URL_TEMPLATE")
+            .filter(|v| !v.is_empty())
+        {
             self.memory_url_template = v;
         }
         if let Some(v) = env.get("SANDBOXD_ALLOW_NON_LOOPBACK") {
@@ -407,9 +420,10 @@ impl Config {
     /// The listen address, refusing a non-loopback one unless
     /// `allow_non_loopback` is set.
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        let addr: SocketAddr = self.listen.parse().map_err(|e| {
-            ConfigError::Invalid(format!("listen address {:?}: {e}", self.listen))
-        })?;
+        let addr: SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("listen address {:?}: {e}", self.listen)))?;
         if !addr.ip().is_loopback() && !self.allow_non_loopback {
             return Err(ConfigError::Invalid(format!(
                 "refusing to listen on non-loopback address {addr}: set allow_non_loopback = true \

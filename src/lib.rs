@@ -16,5 +16,6 @@ pub mod cli;
 pub mod config;
 pub mod init;
 pub mod lifecycle;
+pub mod metrics;
 pub mod model;
 pub mod seccomp;

@@ -85,7 +85,11 @@ pub fn validate_workdir(path: &str) -> Result<String, ValidationError> {
     let trimmed = path.strip_suffix('/').unwrap_or(path);
     for comp in trimmed.split('/') {
         match comp {
-            "" => return Err(ValidationError::BadWorkdir("must not have empty components")),
+            "" => {
+                return Err(ValidationError::BadWorkdir(
+                    "must not have empty components",
+                ))
+            }
             "." => return Err(ValidationError::BadWorkdir("must not have '.' components")),
             ".." => return Err(ValidationError::BadWorkdir("must not have '..' components")),
             _ => {}
@@ -159,6 +163,24 @@ pub struct ResourceRequest {
     pub pids: Option<u64>,
 }
 
+/// The JSON body of `POST /api/sandboxes`, as sent. Unknown fields are
+/// ignored (old and new clients alike); `null` is accepted for every
+/// optional field.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CreateRequest {
+    pub sandbox_id: String,
+    pub thread_id: String,
+    pub uid: String,
+    #[serde(default)]
+    pub workdir_path: Option<String>,
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, Option<String>>>,
+    #[serde(default)]
+    pub inherit_env: Option<bool>,
+    #[serde(default)]
+    pub resources: Option<ResourceRequest>,
+}
+
 /// A validated create request, with the environment already merged
 /// (node global env under the user env, fixed base env on top).
 #[derive(Debug, Clone)]
@@ -166,7 +188,18 @@ pub struct SandboxSpec {
     pub sandbox_id: String,
     pub identity: Identity,
     pub env: BTreeMap<String, String>,
-    pub resources: Option<ResourceRequest>,
+    /// Effective limits: the request's values or the node defaults.
+    pub resources: Resources,
+    /// Whether the caller sent `resources` (kept for the record).
+    pub resources_requested: bool,
+}
+
+/// Effective resource limits of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

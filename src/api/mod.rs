@@ -1,1 +1,152 @@
-//! (being written)
+//! The HTTP layer: listeners, connections, routing, auth and the streaming
+//! proxy. It knows HTTP and the [`Lifecycle`] API, never which backend runs
+//! the sandboxes.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tracing::{debug, info, warn};
+
+use crate::lifecycle::Lifecycle;
+
+pub mod auth;
+pub mod error;
+pub mod proxy;
+pub mod routes;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type of every response (JSON or a streamed upstream body).
+pub type RespBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Everything a request handler needs.
+pub struct AppState {
+    pub lifecycle: Arc<Lifecycle>,
+    pub token: auth::Token,
+    /// `PROVISIONER_PUBLIC_URL` without trailing slash.
+    pub public_url: String,
+    pub client: proxy::ProxyClient,
+}
+
+impl AppState {
+    pub fn new(lifecycle: Arc<Lifecycle>, token: auth::Token, public_url: String) -> Self {
+        let client = proxy::client(lifecycle.clone());
+        AppState {
+            lifecycle,
+            token,
+            public_url,
+            client,
+        }
+    }
+}
+
+/// A bound listening socket.
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(|a| format!("http://{a}"))
+                .unwrap_or_else(|_| "tcp".into()),
+            Listener::Unix(l) => l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(|p| format!("unix:{}", p.display())))
+                .unwrap_or_else(|| "unix".into()),
+        }
+    }
+}
+
+/// Serves `listeners` until `shutdown` resolves, then stops accepting and
+/// gives in-flight requests up to `grace` to finish.
+pub async fn serve(
+    state: Arc<AppState>,
+    listeners: Vec<Listener>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    let graceful = Arc::new(GracefulShutdown::new());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut accept_tasks = Vec::new();
+    for l in listeners {
+        info!(address = %l.describe(), "listening");
+        let state = state.clone();
+        let graceful = graceful.clone();
+        let mut stop = stop_rx.clone();
+        accept_tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    r = accept(&l) => match r {
+                        Ok(Conn::Tcp(s)) => {
+                            let _ = s.set_nodelay(true);
+                            spawn_conn(&state, &graceful, s);
+                        }
+                        Ok(Conn::Unix(s)) => spawn_conn(&state, &graceful, s),
+                        Err(e) => {
+                            warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    },
+                }
+            }
+        }));
+    }
+    shutdown.await;
+    info!("shutting down: no longer accepting connections");
+    let _ = stop_tx.send(true);
+    for t in accept_tasks {
+        let _ = t.await;
+    }
+    let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
+    tokio::select! {
+        _ = graceful.shutdown() => info!("in-flight requests finished"),
+        _ = tokio::time::sleep(grace) => warn!(grace_s = grace.as_secs(), "in-flight requests cut at the shutdown deadline"),
+    }
+}
+
+enum Conn {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(l: &Listener) -> std::io::Result<Conn> {
+    match l {
+        Listener::Tcp(l) => l.accept().await.map(|(s, _)| Conn::Tcp(s)),
+        Listener::Unix(l) => l.accept().await.map(|(s, _)| Conn::Unix(s)),
+    }
+}
+
+fn spawn_conn<S>(state: &Arc<AppState>, graceful: &Arc<GracefulShutdown>, stream: S)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let state = state.clone();
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .keep_alive(true)
+        .serve_connection(
+            TokioIo::new(stream),
+            service_fn(move |req| routes::handle(state.clone(), req)),
+        );
+    let conn = graceful.watch(conn);
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            debug!(error = %e, "connection ended with an error");
+        }
+    });
+}

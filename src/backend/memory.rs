@@ -1,2 +1,146 @@
 //! The `memory` backend (tests only): a registry of sandboxes whose HTTP
-//! server is a real upstream named by `MEMORY_SANDBOX_URL_TEMPLATE`.
+//! server is a real upstream named by `MEMORY_SANDBOX_URL_TEMPLATE`
+//! (e.g. `http://127.0.0.1:9000/{sandbox_id}`), as the old provisioner's
+//! test backend did, so the proxy can be tested against a real server.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::net::TcpStream;
+
+use super::{Backend, BackendError, Upstream};
+use crate::model::{new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus};
+
+pub struct MemoryBackend {
+    template: String,
+    /// Artificial create latency (widens races in tests).
+    create_delay: Duration,
+    sandboxes: Mutex<HashMap<String, SandboxRecord>>,
+}
+
+/// `http://host:port/path` split into its authority and path.
+fn split_url(url: &str) -> Result<(String, String), BackendError> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        BackendError::Internal(format!("memory URL {url:?} must start with http://"))
+    })?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.is_empty() {
+        return Err(BackendError::Internal(format!(
+            "memory URL {url:?} has no host"
+        )));
+    }
+    Ok((
+        authority.to_string(),
+        path.trim_end_matches('/').to_string(),
+    ))
+}
+
+impl MemoryBackend {
+    pub fn new(template: &str, create_delay: Duration) -> Result<Self, BackendError> {
+        split_url(&template.replace("{sandbox_id}", "x"))?;
+        Ok(MemoryBackend {
+            template: template.to_string(),
+            create_delay,
+            sandboxes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn url_of(&self, id: &str) -> String {
+        self.template.replace("{sandbox_id}", id)
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxRecord>> {
+        self.sandboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn create(
+        &self,
+        spec: &SandboxSpec,
+        _health_timeout: Duration,
+    ) -> Result<SandboxRecord, BackendError> {
+        if !self.create_delay.is_zero() {
+            tokio::time::sleep(self.create_delay).await;
+        }
+        let record = SandboxRecord {
+            sandbox_id: spec.sandbox_id.clone(),
+            generation: new_generation(),
+            identity: spec.identity.clone(),
+            status: SandboxStatus::Running,
+            created_at: unix_now(),
+            oom_killed: None,
+        };
+        self.map().insert(spec.sandbox_id.clone(), record.clone());
+        Ok(record)
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
+        Ok(self.map().values().cloned().collect())
+    }
+
+    async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
+        match self.map().get(&record.sandbox_id) {
+            Some(r) if r.generation == record.generation => SandboxStatus::Running,
+            _ => SandboxStatus::Exited,
+        }
+    }
+
+    async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
+        let mut map = self.map();
+        match map.get(sandbox_id) {
+            Some(r) if r.generation != generation => Err(BackendError::Conflict(format!(
+                "sandbox {sandbox_id} is at another generation"
+            ))),
+            Some(_) => {
+                map.remove(sandbox_id);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
+        let (authority, _) = split_url(&self.url_of(&record.sandbox_id))?;
+        let stream = TcpStream::connect(&authority)
+            .await
+            .map_err(|e| BackendError::Unreachable(format!("{authority}: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Upstream { stream })
+    }
+
+    fn path_prefix(&self, record: &SandboxRecord) -> String {
+        split_url(&self.url_of(&record.sandbox_id))
+            .map(|(_, p)| p)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            split_url("http://127.0.0.1:9/a/b/").unwrap(),
+            ("127.0.0.1:9".to_string(), "/a/b".to_string())
+        );
+        assert_eq!(
+            split_url("http://h:1").unwrap(),
+            ("h:1".to_string(), String::new())
+        );
+        assert!(split_url("https://h").is_err());
+        assert!(MemoryBackend::new("ftp://x", Duration::ZERO).is_err());
+    }
+}

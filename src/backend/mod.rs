@@ -51,9 +51,7 @@ impl BackendError {
     }
 }
 
-/// A connection to the sandbox's HTTP server, plus the path prefix the
-/// proxied path is appended to (empty except for the memory backend's URL
-/// template).
+/// A connection to the sandbox's HTTP server.
 pub struct Upstream {
     pub stream: TcpStream,
 }

@@ -1,1 +1,51 @@
-//! (being written)
+//! The `sandboxd` command line: `serve` (the daemon) plus operator and
+//! auditor subcommands. `main` only parses and dispatches here.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+pub mod serve;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sandboxd",
+    version,
+    about = "Node-local sandbox runtime for AI-agent platforms"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon (serves the provisioner HTTP API).
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file (also SANDBOXD_CONFIG). Optional: every value has a default.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// TCP listen address (also SANDBOXD_LISTEN); loopback unless the config allows otherwise.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Also listen on this Unix socket (also SANDBOXD_UNIX_SOCKET).
+    #[arg(long)]
+    pub unix_socket: Option<PathBuf>,
+    /// Backend: native (default), kubernetes or memory (also PROVISIONER_BACKEND).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// State directory (also SANDBOXD_STATE_DIR).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Runs the parsed command; returns the process exit code.
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Serve(args) => serve::run(args).map(|()| 0),
+    }
+}

@@ -1,1 +1,495 @@
-//! (being written)
+//! The lifecycle layer: the semantics every backend shares.
+//!
+//! It owns the registry of tracked sandboxes and enforces: the identity
+//! check on create, a fresh generation per incarnation (made by the
+//! backend), generation-fenced deletes, per-id serialization of
+//! create/delete, operation pins for proxy requests, the idle reaper and
+//! the quiesce gate. It knows nothing about HTTP or about how a sandbox is
+//! made: that is the [`Backend`]'s business.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use tracing::{info, warn, Instrument};
+
+use crate::backend::{Backend, BackendError, Upstream};
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use crate::model::{
+    validate_sandbox_id, CreateRequest, SandboxRecord, SandboxStatus, ValidationError,
+};
+
+mod locks;
+mod reaper;
+pub mod request;
+#[cfg(test)]
+mod tests;
+
+pub use locks::{IdLocks, Pin};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
+    #[error("sandbox {0} identity does not match existing generation")]
+    IdentityMismatch(String),
+    #[error("sandbox not found")]
+    NotFound,
+    #[error("sandbox {id} is at generation {live}, not the expected {expected}")]
+    GenerationMismatch {
+        id: String,
+        live: String,
+        expected: String,
+    },
+    #[error("provisioner is quiescing: no new sandboxes are created")]
+    Quiescing,
+    #[error("quiesce did not finish within {0:?}: {1} sandbox(es) remain")]
+    QuiesceTimeout(Duration, usize),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+impl LifecycleError {
+    /// A short, stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LifecycleError::Validation(_) => "validation",
+            LifecycleError::IdentityMismatch(_) => "identity_mismatch",
+            LifecycleError::NotFound => "not_found",
+            LifecycleError::GenerationMismatch { .. } => "generation_mismatch",
+            LifecycleError::Quiescing => "quiescing",
+            LifecycleError::QuiesceTimeout(..) => "quiesce_timeout",
+            LifecycleError::Backend(e) => e.kind(),
+        }
+    }
+}
+
+/// Settings of the lifecycle layer (from [`crate::config::Config`]).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub health_timeout: Duration,
+    /// `None` disables the reaper.
+    pub idle_timeout: Option<Duration>,
+    pub idle_check_interval: Duration,
+    /// Node-global sandbox env (merged under the user env).
+    pub global_env: BTreeMap<String, String>,
+    pub limits: Limits,
+}
+
+/// One tracked incarnation. Activity is a touch counter plus a timestamp so
+/// the reaper can tell "touched after I looked" even within a millisecond.
+struct Tracked {
+    record: SandboxRecord,
+    touches: Arc<AtomicU64>,
+    last_active_ms: Arc<AtomicU64>,
+}
+
+/// What the reaper observed of one sandbox.
+#[derive(Debug, Clone)]
+pub(crate) struct Observation {
+    pub id: String,
+    pub generation: String,
+    pub touches: u64,
+    pub idle: Duration,
+}
+
+pub struct Lifecycle {
+    backend: Arc<dyn Backend>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    tracked: Mutex<HashMap<String, Tracked>>,
+    locks: Arc<IdLocks>,
+    quiescing: AtomicBool,
+    epoch: Instant,
+}
+
+/// A proxy request's hold on a sandbox: the record it was admitted for and
+/// the pin that keeps a delete waiting until it is dropped.
+pub struct ProxyPin {
+    pub record: SandboxRecord,
+    _pin: Pin,
+}
+
+impl Lifecycle {
+    pub fn new(backend: Arc<dyn Backend>, settings: Settings, metrics: Arc<Metrics>) -> Self {
+        Lifecycle {
+            backend,
+            settings,
+            metrics,
+            tracked: Mutex::new(HashMap::new()),
+            locks: Arc::new(IdLocks::default()),
+            quiescing: AtomicBool::new(false),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tracked>> {
+        self.tracked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn track(&self, record: SandboxRecord) {
+        let now = self.now_ms();
+        self.table().insert(
+            record.sandbox_id.clone(),
+            Tracked {
+                record,
+                touches: Arc::new(AtomicU64::new(0)),
+                last_active_ms: Arc::new(AtomicU64::new(now)),
+            },
+        );
+    }
+
+    fn get(&self, id: &str) -> Option<SandboxRecord> {
+        self.table().get(id).map(|t| t.record.clone())
+    }
+
+    /// Marks activity of `id`; returns false when it is not tracked.
+    pub fn touch(&self, id: &str) -> bool {
+        let now = self.now_ms();
+        match self.table().get(id) {
+            Some(t) => {
+                t.touches.fetch_add(1, Ordering::SeqCst);
+                t.last_active_ms.store(now, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Number of tracked sandboxes.
+    pub fn tracked_count(&self) -> usize {
+        self.table().len()
+    }
+
+    pub fn is_quiescing(&self) -> bool {
+        self.quiescing.load(Ordering::SeqCst)
+    }
+
+    /// Adopts everything the backend already runs (start-up). Each is
+    /// tracked as active "now".
+    pub async fn adopt_existing(&self) -> Result<usize, BackendError> {
+        let found = self.backend.list().await?;
+        let n = found.len();
+        for record in found {
+            info!(sandbox_id = %record.sandbox_id, generation = %record.generation, "adopted sandbox");
+            self.track(record);
+        }
+        Ok(n)
+    }
+
+    /// Create or reuse (see the contract).
+    pub async fn create(&self, req: CreateRequest) -> Result<SandboxRecord, LifecycleError> {
+        let spec = request::build_spec(req, &self.settings.global_env, &self.settings.limits)?;
+        let id = spec.sandbox_id.clone();
+        let span = tracing::info_span!("create", sandbox_id = %id, uid = %spec.identity.uid);
+        async {
+            if self.is_quiescing() {
+                return Err(LifecycleError::Quiescing);
+            }
+            let (slot, _op) = self.locks.operation(&id).await;
+            if self.is_quiescing() {
+                return Err(LifecycleError::Quiescing);
+            }
+            if let Some(existing) = self.get(&id) {
+                if existing.identity != spec.identity {
+                    return Err(LifecycleError::IdentityMismatch(id.clone()));
+                }
+                let status = self.backend.status(&existing).await;
+                if status == SandboxStatus::Running {
+                    self.touch(&id);
+                    info!(generation = %existing.generation, "reusing running sandbox");
+                    return Ok(existing);
+                }
+                warn!(generation = %existing.generation, status = status.as_str(),
+                      "replacing stale sandbox");
+                let _excl = IdLocks::exclusive(&slot).await;
+                self.backend.delete(&id, &existing.generation).await?;
+                self.table().remove(&id);
+            }
+            let started = Instant::now();
+            let record = self
+                .backend
+                .create(&spec, self.settings.health_timeout)
+                .await?;
+            self.metrics
+                .create_seconds
+                .observe(started.elapsed().as_secs_f64());
+            info!(generation = %record.generation, elapsed_ms = started.elapsed().as_millis() as u64,
+                  "sandbox created");
+            self.track(record.clone());
+            Ok(record)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Discover: the record with a fresh cheap status. Counts as activity.
+    pub async fn discover(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
+        validate_sandbox_id(id)?;
+        let record = self.get(id).ok_or(LifecycleError::NotFound)?;
+        self.touch(id);
+        Ok(self.refresh(record).await)
+    }
+
+    /// Refreshes a record's status and stores it if it is still the same
+    /// incarnation.
+    async fn refresh(&self, record: SandboxRecord) -> SandboxRecord {
+        let fresh = self.backend.refresh(&record).await;
+        if fresh != record {
+            if fresh.oom_killed == Some(true) && record.oom_killed != Some(true) {
+                self.metrics.oom_kills.inc();
+            }
+            if let Some(t) = self.table().get_mut(&record.sandbox_id) {
+                if t.record.generation == record.generation {
+                    t.record = fresh.clone();
+                }
+            }
+        }
+        fresh
+    }
+
+    /// Every tracked sandbox, with refreshed statuses.
+    pub async fn list(&self) -> Vec<SandboxRecord> {
+        let records: Vec<SandboxRecord> = self.table().values().map(|t| t.record.clone()).collect();
+        let mut out = join_all(records.into_iter().map(|r| self.refresh(r))).await;
+        out.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
+        out
+    }
+
+    /// Counts by status for `/metrics`, without touching the backend.
+    pub fn status_counts(&self) -> Vec<(&'static str, i64)> {
+        let mut counts = [("running", 0i64), ("creating", 0), ("exited", 0)];
+        for t in self.table().values() {
+            let s = t.record.status.as_str();
+            if let Some(c) = counts.iter_mut().find(|(k, _)| *k == s) {
+                c.1 += 1;
+            }
+        }
+        counts.to_vec()
+    }
+
+    /// Deletes `id`, fenced on `expected_generation` when given. Absent: Ok.
+    /// Returns whether something was deleted.
+    pub async fn delete(
+        &self,
+        id: &str,
+        expected_generation: Option<&str>,
+    ) -> Result<bool, LifecycleError> {
+        validate_sandbox_id(id)?;
+        self.delete_inner(id, expected_generation, None).await
+    }
+
+    /// The one delete path (API, reaper, quiesce). With `unless_touched`,
+    /// it skips a sandbox whose touch counter moved since it was observed.
+    async fn delete_inner(
+        &self,
+        id: &str,
+        expected_generation: Option<&str>,
+        unless_touched: Option<u64>,
+    ) -> Result<bool, LifecycleError> {
+        let span = tracing::info_span!("delete", sandbox_id = %id);
+        async {
+            let started = Instant::now();
+            let (slot, _op) = self.locks.operation(id).await;
+            let check = |lc: &Self| -> Result<Option<SandboxRecord>, LifecycleError> {
+                let table = lc.table();
+                let Some(t) = table.get(id) else {
+                    return Ok(None);
+                };
+                if let Some(expected) = expected_generation {
+                    if t.record.generation != expected {
+                        return Err(LifecycleError::GenerationMismatch {
+                            id: id.to_string(),
+                            live: t.record.generation.clone(),
+                            expected: expected.to_string(),
+                        });
+                    }
+                }
+                Ok(Some(t.record.clone()))
+            };
+            if check(self)?.is_none() {
+                return Ok(false);
+            }
+            // Wait for in-flight proxy requests; block new ones.
+            let _excl = IdLocks::exclusive(&slot).await;
+            let Some(record) = check(self)? else {
+                return Ok(false);
+            };
+            if let Some(seen) = unless_touched {
+                let now = self
+                    .table()
+                    .get(id)
+                    .map(|t| t.touches.load(Ordering::SeqCst));
+                if now != Some(seen) {
+                    info!("sandbox was touched after the reaper looked; kept");
+                    return Ok(false);
+                }
+            }
+            self.backend.delete(id, &record.generation).await?;
+            self.table().remove(id);
+            self.metrics
+                .delete_seconds
+                .observe(started.elapsed().as_secs_f64());
+            info!(generation = %record.generation, elapsed_ms = started.elapsed().as_millis() as u64,
+                  "sandbox deleted");
+            Ok(true)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Admits a proxy request for `id`: waits while a delete of it runs,
+    /// then pins it until the returned value is dropped. Marks activity.
+    pub async fn pin(&self, id: &str) -> Result<ProxyPin, LifecycleError> {
+        validate_sandbox_id(id)?;
+        if self.get(id).is_none() {
+            return Err(LifecycleError::NotFound);
+        }
+        let pin = self.locks.pin(id).await;
+        // A delete may have run while we waited.
+        let record = self.get(id).ok_or(LifecycleError::NotFound)?;
+        self.touch(id);
+        Ok(ProxyPin { record, _pin: pin })
+    }
+
+    /// Opens a connection to the sandbox `id` at `generation` (the proxy's
+    /// connector). Refuses when that incarnation is no longer tracked.
+    pub async fn connect(&self, id: &str, generation: &str) -> Result<Upstream, BackendError> {
+        let record = self
+            .get(id)
+            .filter(|r| r.generation == generation)
+            .ok_or_else(|| BackendError::Unreachable(format!("sandbox {id} is gone")))?;
+        self.backend.connect(&record).await
+    }
+
+    /// Closes the create gate, deletes every sandbox (generation-fenced) and
+    /// waits until the backend lists none, or fails at the deadline.
+    pub async fn quiesce(&self, timeout: Duration) -> Result<usize, LifecycleError> {
+        self.quiescing.store(true, Ordering::SeqCst);
+        info!(
+            timeout_s = timeout.as_secs(),
+            "quiescing: create gate closed"
+        );
+        let deleted = Arc::new(AtomicU64::new(0));
+        let work = async {
+            loop {
+                let mut targets: Vec<(String, String)> = self
+                    .table()
+                    .values()
+                    .map(|t| (t.record.sandbox_id.clone(), t.record.generation.clone()))
+                    .collect();
+                // Anything the backend has that we do not track (made behind
+                // our back, or adopted late) goes too.
+                let listed = self.backend.list().await?;
+                for r in &listed {
+                    if !targets.iter().any(|(id, _)| id == &r.sandbox_id) {
+                        self.track(r.clone());
+                        targets.push((r.sandbox_id.clone(), r.generation.clone()));
+                    }
+                }
+                if targets.is_empty() && listed.is_empty() {
+                    return Ok::<(), LifecycleError>(());
+                }
+                let results = join_all(
+                    targets
+                        .iter()
+                        .map(|(id, generation)| self.delete_inner(id, Some(generation), None)),
+                )
+                .await;
+                for r in results {
+                    match r {
+                        Ok(true) => {
+                            deleted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(false) | Err(LifecycleError::GenerationMismatch { .. }) => {}
+                        Err(e) => warn!(error = %e, "quiesce: delete failed; retrying"),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(())) => {
+                let n = deleted.load(Ordering::SeqCst) as usize;
+                info!(deleted = n, "quiesce complete");
+                Ok(n)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LifecycleError::QuiesceTimeout(
+                timeout,
+                self.tracked_count(),
+            )),
+        }
+    }
+
+    /// Deletes every tracked sandbox (daemon shutdown when configured).
+    pub async fn stop_all(&self) {
+        let ids: Vec<(String, String)> = self
+            .table()
+            .values()
+            .map(|t| (t.record.sandbox_id.clone(), t.record.generation.clone()))
+            .collect();
+        for (id, generation) in ids {
+            if let Err(e) = self.delete_inner(&id, Some(&generation), None).await {
+                warn!(sandbox_id = %id, error = %e, "stop on exit failed");
+            }
+        }
+    }
+
+    /// Snapshot for the reaper.
+    pub(crate) fn observe(&self) -> Vec<Observation> {
+        let now = self.now_ms();
+        self.table()
+            .values()
+            .map(|t| Observation {
+                id: t.record.sandbox_id.clone(),
+                generation: t.record.generation.clone(),
+                touches: t.touches.load(Ordering::SeqCst),
+                idle: Duration::from_millis(
+                    now.saturating_sub(t.last_active_ms.load(Ordering::SeqCst)),
+                ),
+            })
+            .collect()
+    }
+
+    /// Reaper delete: fenced on the observed generation and skipped when
+    /// touched since it was observed.
+    pub(crate) async fn reap(&self, o: &Observation) -> Result<bool, LifecycleError> {
+        let done = self
+            .delete_inner(&o.id, Some(&o.generation), Some(o.touches))
+            .await?;
+        if done {
+            self.metrics.reaped.inc();
+        }
+        Ok(done)
+    }
+
+    /// Starts the idle reaper (when enabled); it runs until the runtime stops.
+    pub fn spawn_reaper(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        reaper::spawn(self.clone())
+    }
+
+    /// Number of live per-id lock slots (leak checks in tests).
+    pub fn live_lock_slots(&self) -> usize {
+        self.locks.live_slots()
+    }
+}

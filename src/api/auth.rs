@@ -1,0 +1,169 @@
+//! Bearer-token authentication: loading (configured, token file, or
+//! generated once and stored 0600 in the state dir) and constant-time
+//! checking.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use subtle::ConstantTimeEq;
+use tracing::info;
+
+/// Shortest token accepted.
+pub const MIN_TOKEN_LEN: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("the API token is {0} characters; at least {MIN_TOKEN_LEN} are required")]
+    TooShort(usize),
+    #[error("the API token has surrounding white space")]
+    WhiteSpace,
+    #[error("cannot read token file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot store generated token in {path}: {source}")]
+    Store {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The configured token. `Debug` never prints it.
+#[derive(Clone)]
+pub struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl Token {
+    /// Validates a token value.
+    pub fn new(value: String) -> Result<Token, AuthError> {
+        if value.trim() != value {
+            return Err(AuthError::WhiteSpace);
+        }
+        if value.chars().count() < MIN_TOKEN_LEN {
+            return Err(AuthError::TooShort(value.chars().count()));
+        }
+        Ok(Token(value))
+    }
+
+    /// The token value (for the operator CLI talking to the local API).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Checks an `Authorization` header value in constant time (with
+    /// respect to the token's content).
+    pub fn check(&self, header: Option<&[u8]>) -> bool {
+        let Some(h) = header else { return false };
+        let Some(given) = h.strip_prefix(b"Bearer ") else {
+            return false;
+        };
+        given.ct_eq(self.0.as_bytes()).into()
+    }
+}
+
+/// Resolves the token: the configured value, else the token file, else the
+/// one stored in `<state_dir>/token` (generated on first start).
+pub fn load_token(
+    configured: Option<&str>,
+    token_file: Option<&Path>,
+    state_dir: &Path,
+) -> Result<Token, AuthError> {
+    if let Some(v) = configured {
+        return Token::new(v.to_string());
+    }
+    if let Some(path) = token_file {
+        let text = std::fs::read_to_string(path).map_err(|source| AuthError::ReadFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // A trailing newline is how editors save files; anything else is
+        // refused as white space.
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        return Token::new(text.to_string());
+    }
+    let path = state_dir.join("token");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            info!(path = %path.display(), "using the API token stored in the state dir");
+            Token::new(text.trim_end_matches('\n').to_string())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let value = generate();
+            store(&path, &value).map_err(|source| AuthError::Store {
+                path: path.clone(),
+                source,
+            })?;
+            info!(path = %path.display(), "no API token configured: generated one and stored it (mode 0600)");
+            Token::new(value)
+        }
+        Err(source) => Err(AuthError::ReadFile { path, source }),
+    }
+}
+
+fn generate() -> String {
+    let a: u128 = rand::random();
+    let b: u128 = rand::random();
+    format!("{a:032x}{b:032x}")
+}
+
+/// Writes the token atomically with mode 0600.
+fn store(path: &Path, value: &str) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(".token.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(value.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules() {
+        assert!(matches!(
+            Token::new("short".into()),
+            Err(AuthError::TooShort(5))
+        ));
+        assert!(matches!(
+            Token::new(format!(" {}", "a".repeat(40))),
+            Err(AuthError::WhiteSpace)
+        ));
+        let t = Token::new("a".repeat(32)).unwrap();
+        assert!(t.check(Some(format!("Bearer {}", "a".repeat(32)).as_bytes())));
+        assert!(!t.check(Some(format!("Bearer {}", "a".repeat(31)).as_bytes())));
+        assert!(!t.check(Some(format!("bearer {}", "a".repeat(32)).as_bytes())));
+        assert!(!t.check(None));
+        assert!(!format!("{t:?}").contains("aaaa"));
+    }
+
+    #[test]
+    fn generated_once_and_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_token(None, None, dir.path()).unwrap();
+        let b = load_token(None, None, dir.path()).unwrap();
+        assert_eq!(a.expose(), b.expose());
+        let mode = std::fs::metadata(dir.path().join("token"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}

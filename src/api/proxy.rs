@@ -1,0 +1,264 @@
+//! The streaming reverse proxy: `ANY /api/sandboxes/{id}/proxy[/{path}]`.
+//!
+//! Request and response bodies are streamed both ways (hyper frames pass
+//! through, nothing is buffered whole). Upstream connections come from the
+//! backend through [`SandboxConnector`] and are kept alive in a pool keyed by
+//! sandbox *incarnation*, so a new generation never reuses a connection to
+//! an old one. The proxy pin travels with the response body: a delete of the
+//! sandbox waits until the body has been sent.
+
+use std::future::Future;
+use std::pin::Pin as StdPin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Uri};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+
+use super::error::ApiError;
+use super::RespBody;
+use crate::backend::BackendError;
+use crate::lifecycle::{Lifecycle, ProxyPin};
+
+/// Request headers never forwarded (hop-by-hop, the caller's credentials,
+/// and those hyper recomputes).
+const DROP_REQUEST: [&str; 10] = [
+    "authorization",
+    "connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// Response headers never copied back (hop-by-hop).
+const DROP_RESPONSE: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Opens upstream connections for the pool. The URI authority names the
+/// incarnation: `<hex(sandbox_id)>.<generation>.sandbox` (hex because pool
+/// keys compare hosts case-insensitively while ids are case-sensitive).
+#[derive(Clone)]
+pub struct SandboxConnector {
+    lifecycle: Arc<Lifecycle>,
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<String> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// The pool authority of one incarnation.
+fn authority(id: &str, generation: &str) -> String {
+    format!("{}.{}.sandbox", hex(id), generation)
+}
+
+fn parse_authority(host: &str) -> Option<(String, String)> {
+    let mut parts = host.split('.');
+    let id = unhex(parts.next()?)?;
+    let generation = parts.next()?.to_string();
+    (parts.next()? == "sandbox").then_some((id, generation))
+}
+
+impl tower_service::Service<Uri> for SandboxConnector {
+    type Response = TokioIo<TcpStream>;
+    type Error = BackendError;
+    type Future = StdPin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let lc = self.lifecycle.clone();
+        Box::pin(async move {
+            let (id, generation) = uri
+                .host()
+                .and_then(parse_authority)
+                .ok_or_else(|| BackendError::Internal(format!("bad upstream key {uri}")))?;
+            let up = lc.connect(&id, &generation).await?;
+            Ok(TokioIo::new(up.stream))
+        })
+    }
+}
+
+pub type ProxyClient = Client<SandboxConnector, Incoming>;
+
+pub fn client(lifecycle: Arc<Lifecycle>) -> ProxyClient {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(32)
+        .set_host(false)
+        .build(SandboxConnector { lifecycle })
+}
+
+/// A response body that keeps the sandbox pinned until it is finished (or
+/// dropped because the client went away).
+struct PinnedBody {
+    inner: Incoming,
+    _pin: ProxyPin,
+}
+
+impl HttpBody for PinnedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: StdPin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        StdPin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Names listed in a `Connection` header are hop-by-hop too.
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+fn filter_headers(headers: &mut HeaderMap, drop: &[&str]) {
+    for name in connection_listed(headers) {
+        headers.remove(name);
+    }
+    for name in drop {
+        headers.remove(*name);
+    }
+}
+
+/// Proxies `req` to sandbox `id` at `/{rest}?{query}`.
+pub async fn forward(
+    lifecycle: &Arc<Lifecycle>,
+    client: &ProxyClient,
+    id: &str,
+    rest: &str,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, ApiError> {
+    let pin = lifecycle.pin(id).await?;
+    let record = &pin.record;
+    let prefix = lifecycle.backend().path_prefix(record);
+    let mut path_and_query = format!("{prefix}/{rest}");
+    if let Some(q) = req.uri().query() {
+        path_and_query.push('?');
+        path_and_query.push_str(q);
+    }
+    let uri: Uri = format!(
+        "http://{}{}",
+        authority(&record.sandbox_id, &record.generation),
+        path_and_query
+    )
+    .parse()
+    .map_err(|e| ApiError::BadRequest(format!("cannot proxy to this path: {e}")))?;
+
+    let (mut parts, body) = req.into_parts();
+    filter_headers(&mut parts.headers, &DROP_REQUEST);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if let Some(n) = body.size_hint().exact() {
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
+    parts
+        .headers
+        .insert(header::HOST, HeaderValue::from_static("localhost"));
+    parts.uri = uri;
+    parts.version = http::Version::HTTP_11;
+    let upstream_req = Request::from_parts(parts, body);
+
+    let started = Instant::now();
+    let resp = client.request(upstream_req).await.map_err(|e| {
+        let mut msg = e.to_string();
+        let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg = format!("{msg}: {s}");
+            src = s.source();
+        }
+        ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
+    })?;
+    lifecycle
+        .metrics()
+        .proxy_seconds
+        .observe(started.elapsed().as_secs_f64());
+
+    let (mut parts, body) = resp.into_parts();
+    filter_headers(&mut parts.headers, &DROP_RESPONSE);
+    let body = PinnedBody {
+        inner: body,
+        _pin: pin,
+    }
+    .map_err(|e| Box::new(e) as super::BoxError)
+    .boxed_unsync();
+    Ok(Response::from_parts(parts, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authority_round_trip() {
+        let a = authority("AbC_-9", "00ff");
+        assert_eq!(a, "4162435f2d39.00ff.sandbox");
+        assert_eq!(
+            parse_authority(&a),
+            Some(("AbC_-9".to_string(), "00ff".to_string()))
+        );
+        assert_eq!(parse_authority("zz.x.sandbox"), None);
+        assert_eq!(parse_authority("41.x.other"), None);
+    }
+
+    #[test]
+    fn hop_by_hop_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Bearer x".parse().unwrap());
+        h.insert("connection", "close, x-secret".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert("content-type", "text/plain".parse().unwrap());
+        filter_headers(&mut h, &DROP_REQUEST);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("content-type"));
+    }
+}

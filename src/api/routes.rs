@@ -1,0 +1,339 @@
+//! Routing and the handlers of the provisioner contract
+//! (`docs/api.md`). Each handler parses, calls the lifecycle layer and
+//! shapes the JSON; errors become responses in `error.rs`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+use tracing::{debug, warn};
+
+use super::error::ApiError;
+use super::{proxy, AppState, RespBody};
+use crate::model::{validate_sandbox_id, CreateRequest, SandboxRecord};
+
+/// Largest accepted JSON request body.
+pub const MAX_JSON_BODY: usize = 1024 * 1024;
+
+const PROXY_METHODS: [Method; 7] = [
+    Method::GET,
+    Method::POST,
+    Method::PUT,
+    Method::PATCH,
+    Method::DELETE,
+    Method::HEAD,
+    Method::OPTIONS,
+];
+
+/// The routes of the contract.
+enum Route<'a> {
+    Health,
+    Metrics,
+    Sandboxes,
+    Quiesce,
+    Sandbox(&'a str),
+    Touch(&'a str),
+    Proxy(&'a str, &'a str),
+}
+
+impl Route<'_> {
+    fn parse(path: &str) -> Option<Route<'_>> {
+        if path == "/health" {
+            return Some(Route::Health);
+        }
+        if path == "/metrics" {
+            return Some(Route::Metrics);
+        }
+        let rest = path.strip_prefix("/api/sandboxes")?;
+        if rest.is_empty() || rest == "/" {
+            return Some(Route::Sandboxes);
+        }
+        let rest = rest.strip_prefix('/')?;
+        let (id, tail) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        match tail {
+            "" if id == "quiesce" => Some(Route::Quiesce),
+            "" => Some(Route::Sandbox(id)),
+            "/touch" => Some(Route::Touch(id)),
+            "/proxy" => Some(Route::Proxy(id, "")),
+            t => t.strip_prefix("/proxy/").map(|p| Route::Proxy(id, p)),
+        }
+    }
+
+    /// The id of a single-sandbox route (`quiesce` is a valid id too).
+    fn sandbox_id(&self) -> &str {
+        match self {
+            Route::Sandbox(id) | Route::Touch(id) | Route::Proxy(id, _) => id,
+            _ => "quiesce",
+        }
+    }
+
+    fn allowed(&self) -> &'static str {
+        match self {
+            Route::Health | Route::Metrics => "GET",
+            Route::Sandboxes => "GET, POST",
+            // `quiesce` is also a valid id: GET/DELETE reach that sandbox.
+            Route::Quiesce => "GET, POST, DELETE",
+            Route::Sandbox(_) => "GET, DELETE",
+            Route::Touch(_) => "POST",
+            Route::Proxy(..) => "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS",
+        }
+    }
+}
+
+pub fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(body))
+        .expect("static response parts are valid")
+}
+
+pub fn full(b: impl Into<Bytes>) -> RespBody {
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn error_response(e: &ApiError) -> Response<RespBody> {
+    let mut r = json_response(e.status(), &json!({ "detail": e.detail() }));
+    if let ApiError::Method(allow) = e {
+        if let Ok(v) = allow.parse() {
+            r.headers_mut().insert(header::ALLOW, v);
+        }
+    }
+    if let ApiError::Unauthorized = e {
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("valid"));
+    }
+    r
+}
+
+pub fn record_json(state: &AppState, r: &SandboxRecord) -> Value {
+    let mut v = json!({
+        "sandbox_id": r.sandbox_id,
+        "sandbox_url": format!("{}/api/sandboxes/{}/proxy", state.public_url, r.sandbox_id),
+        "status": r.status.as_str(),
+        "generation": r.generation,
+        "workdir_path": r.identity.workdir_path,
+    });
+    if let Some(oom) = r.oom_killed {
+        v["oom_killed"] = json!(oom);
+    }
+    v
+}
+
+fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == name).then_some(v)
+    })
+}
+
+/// Reads a JSON body of at most [`MAX_JSON_BODY`] bytes.
+async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, ApiError> {
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > MAX_JSON_BODY as u64 {
+            return Err(ApiError::TooLarge(MAX_JSON_BODY));
+        }
+    }
+    let bytes = Limited::new(req.into_body(), MAX_JSON_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ApiError::TooLarge(MAX_JSON_BODY)
+            } else {
+                ApiError::BadRequest(format!("cannot read request body: {e}"))
+            }
+        })?
+        .to_bytes();
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
+}
+
+fn valid_id(id: &str) -> Result<(), ApiError> {
+    validate_sandbox_id(id).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+/// The hyper service function.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, Infallible> {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = match route(&state, req).await {
+        Ok(r) => r,
+        Err(e) => {
+            state.lifecycle.metrics().error(e.kind());
+            if e.status().is_server_error() {
+                warn!(%method, %path, status = e.status().as_u16(), error = %e, "request failed");
+            } else {
+                debug!(%method, %path, status = e.status().as_u16(), error = %e, "request refused");
+            }
+            error_response(&e)
+        }
+    };
+    debug!(%method, %path, status = resp.status().as_u16(),
+           elapsed_us = started.elapsed().as_micros() as u64, "request");
+    Ok(resp)
+}
+
+async fn route(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, ApiError> {
+    let path = req.uri().path().to_string();
+    let route = Route::parse(&path).ok_or(ApiError::NoRoute)?;
+    let m = req.method().clone();
+    if !matches!(route, Route::Health | Route::Metrics) {
+        let header = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        if !state.token.check(header) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    let lc = &state.lifecycle;
+    match (&route, &m) {
+        (Route::Health, &Method::GET) => Ok(json_response(
+            StatusCode::OK,
+            &json!({
+                "status": "ok",
+                "backend": lc.backend().name(),
+                "idle_timeout_seconds": lc.settings().idle_timeout.map(|d| d.as_secs()).unwrap_or(0),
+                "idle_check_interval_seconds": lc.settings().idle_check_interval.as_secs(),
+                "tracked_sandboxes": lc.tracked_count(),
+            }),
+        )),
+        (Route::Metrics, &Method::GET) => {
+            let text = lc.metrics().render(&lc.status_counts());
+            Ok(Response::builder()
+                .status(StatusCode::OK)
+                .header(
+                    header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )
+                .body(full(text))
+                .expect("valid response"))
+        }
+        (Route::Sandboxes, &Method::GET) => {
+            let list: Vec<Value> = lc
+                .list()
+                .await
+                .iter()
+                .map(|r| record_json(state, r))
+                .collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "count": list.len(), "sandboxes": list }),
+            ))
+        }
+        (Route::Sandboxes, &Method::POST) => {
+            let body: CreateRequest = read_json(req).await?;
+            let record = lc.create(body).await?;
+            Ok(json_response(StatusCode::OK, &record_json(state, &record)))
+        }
+        (Route::Quiesce, &Method::POST) => {
+            let timeout = match query_param(&req, "timeout_seconds") {
+                None => 180,
+                Some(v) => match v.parse::<u64>() {
+                    Ok(n) if (1..=900).contains(&n) => n,
+                    _ => {
+                        return Err(ApiError::BadRequest(
+                            "timeout_seconds must be an integer in 1..900".into(),
+                        ))
+                    }
+                },
+            };
+            let n = lc.quiesce(Duration::from_secs(timeout)).await?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "ok": true, "deleted": n }),
+            ))
+        }
+        (Route::Sandbox(_) | Route::Quiesce, &Method::GET) => {
+            let id = route.sandbox_id();
+            valid_id(id)?;
+            let record = lc.discover(id).await?;
+            Ok(json_response(StatusCode::OK, &record_json(state, &record)))
+        }
+        (Route::Sandbox(_) | Route::Quiesce, &Method::DELETE) => {
+            let id = route.sandbox_id();
+            valid_id(id)?;
+            let expected = query_param(&req, "expected_generation").filter(|g| !g.is_empty());
+            lc.delete(id, expected).await?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "ok": true, "sandbox_id": id }),
+            ))
+        }
+        (Route::Touch(id), &Method::POST) => {
+            valid_id(id)?;
+            let record = lc.discover(id).await?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "ok": true, "sandbox_id": id, "status": record.status.as_str() }),
+            ))
+        }
+        (Route::Proxy(id, rest), m) if PROXY_METHODS.contains(m) => {
+            valid_id(id)?;
+            let (id, rest) = (id.to_string(), rest.to_string());
+            proxy::forward(lc, &state.client, &id, &rest, req).await
+        }
+        (r, _) => Err(ApiError::Method(r.allowed())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert!(matches!(Route::parse("/health"), Some(Route::Health)));
+        assert!(matches!(
+            Route::parse("/api/sandboxes"),
+            Some(Route::Sandboxes)
+        ));
+        assert!(matches!(
+            Route::parse("/api/sandboxes/quiesce"),
+            Some(Route::Quiesce)
+        ));
+        assert!(matches!(
+            Route::parse("/api/sandboxes/ab"),
+            Some(Route::Sandbox("ab"))
+        ));
+        assert!(matches!(
+            Route::parse("/api/sandboxes/ab/touch"),
+            Some(Route::Touch("ab"))
+        ));
+        assert!(matches!(
+            Route::parse("/api/sandboxes/ab/proxy"),
+            Some(Route::Proxy("ab", ""))
+        ));
+        assert!(matches!(
+            Route::parse("/api/sandboxes/ab/proxy/v1/x/y"),
+            Some(Route::Proxy("ab", "v1/x/y"))
+        ));
+        assert!(Route::parse("/api/sandboxes/ab/other").is_none());
+        assert!(Route::parse("/api/sandboxesX").is_none());
+        assert!(Route::parse("/nope").is_none());
+    }
+}

@@ -1,0 +1,191 @@
+//! `sandboxd serve`: loads the configuration, builds the backend, adopts
+//! existing sandboxes, then serves the API until SIGTERM/SIGINT.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::net::{TcpListener, UnixListener};
+use tracing::{info, warn};
+
+use super::ServeArgs;
+use crate::api::{self, auth, AppState, Listener};
+use crate::backend::memory::MemoryBackend;
+use crate::backend::Backend;
+use crate::config::{parse_dotenv, BackendKind, Config, LogFormat, ProcessEnv};
+use crate::lifecycle::{Lifecycle, Settings};
+use crate::metrics::Metrics;
+
+/// Sets up `tracing` (text or JSON on stderr; `RUST_LOG` filters).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
+    let mut cfg = Config::load(args.config.as_deref(), &ProcessEnv)?;
+    if let Some(l) = &args.listen {
+        cfg.listen = l.clone();
+    }
+    if let Some(p) = &args.unix_socket {
+        cfg.unix_socket = Some(p.clone());
+    }
+    if let Some(b) = &args.backend {
+        cfg.backend = BackendKind::parse(b).map_err(anyhow::Error::msg)?.0;
+    }
+    if let Some(d) = &args.state_dir {
+        cfg.state_dir = d.clone();
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn global_env(cfg: &Config) -> anyhow::Result<BTreeMap<String, String>> {
+    let Some(path) = &cfg.sandbox_env_file else {
+        return Ok(BTreeMap::new());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read sandbox env file {}", path.display()))?;
+    let env = parse_dotenv(&text)
+        .map_err(|e| anyhow::anyhow!("sandbox env file {}: {e}", path.display()))?;
+    // The daemon's own secrets never reach a sandbox.
+    for secret in ["SANDBOX_PROVISIONER_TOKEN", "KUBECONFIG", "KUBECONFIG_PATH"] {
+        if env.contains_key(secret) {
+            bail!(
+                "sandbox env file {} sets {secret}: the daemon's secrets must not reach sandboxes",
+                path.display()
+            );
+        }
+    }
+    info!(path = %path.display(), variables = env.len(), "loaded node-global sandbox env");
+    Ok(env)
+}
+
+async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
+    match cfg.backend {
+        BackendKind::Memory => {
+            let delay = std::env::var("MEMORY_CREATE_DELAY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            warn!("memory backend selected: for tests only, sandboxes are not isolated");
+            Ok(Arc::new(MemoryBackend::new(
+                &cfg.memory_url_template,
+                Duration::from_millis(delay),
+            )?))
+        }
+        BackendKind::Native => bail!("the native backend is not available in this build yet"),
+        BackendKind::Kubernetes => {
+            bail!("the kubernetes backend is not available in this build yet")
+        }
+    }
+}
+
+async fn bind(cfg: &Config) -> anyhow::Result<Vec<Listener>> {
+    let mut out = Vec::new();
+    let addr = cfg.listen_addr()?;
+    let tcp = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    out.push(Listener::Tcp(tcp));
+    if let Some(path) = &cfg.unix_socket {
+        if path.exists() {
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+        }
+        let l = UnixListener::bind(path)
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+        out.push(Listener::Unix(l));
+    }
+    Ok(out)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+}
+
+async fn run_async(cfg: Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cfg.state_dir)
+        .with_context(|| format!("cannot create state dir {}", cfg.state_dir.display()))?;
+    let token = auth::load_token(
+        cfg.token.as_deref(),
+        cfg.token_file.as_deref(),
+        &cfg.state_dir,
+    )?;
+    let (idle_timeout, raised) = cfg.effective_idle_timeout();
+    if raised {
+        warn!(
+            configured_s = cfg.idle_timeout_seconds,
+            exec_timeout_s = cfg.exec_timeout_seconds,
+            effective_s = idle_timeout.unwrap_or(0),
+            "idle timeout is not above the exec timeout: raised to exec timeout + 30 s"
+        );
+    }
+    let settings = Settings {
+        health_timeout: Duration::from_secs(cfg.health_timeout_seconds),
+        idle_timeout: idle_timeout.map(Duration::from_secs),
+        idle_check_interval: Duration::from_secs(cfg.idle_check_interval_seconds),
+        global_env: global_env(&cfg)?,
+        limits: cfg.limits.clone(),
+    };
+    let backend = build_backend(&cfg).await?;
+    info!(backend = backend.name(), state_dir = %cfg.state_dir.display(), "starting sandboxd");
+    let lifecycle = Arc::new(Lifecycle::new(backend, settings, Arc::new(Metrics::new())));
+    let adopted = lifecycle
+        .adopt_existing()
+        .await
+        .context("cannot list existing sandboxes")?;
+    info!(adopted, "start-up reconciliation done");
+    let listeners = bind(&cfg).await?;
+    let _reaper = lifecycle.spawn_reaper();
+    let state = Arc::new(AppState::new(lifecycle.clone(), token, cfg.public_url()));
+    api::serve(
+        state,
+        listeners,
+        shutdown_signal(),
+        Duration::from_secs(cfg.shutdown_grace_seconds),
+    )
+    .await;
+    if cfg.stop_sandboxes_on_exit {
+        info!("stopping every sandbox (stop_sandboxes_on_exit)");
+        lifecycle.stop_all().await;
+    } else {
+        info!(
+            sandboxes = lifecycle.tracked_count(),
+            "leaving sandboxes running"
+        );
+    }
+    Ok(())
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let format = match std::env::var("SANDBOXD_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    };
+    init_logging(format);
+    let cfg = load_config(&args)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sandboxd")
+        .build()
+        .context("cannot start the tokio runtime")?
+        .block_on(run_async(cfg))
+}

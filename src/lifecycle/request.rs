@@ -1,0 +1,208 @@
+//! Turns a [`CreateRequest`] into a validated [`SandboxSpec`]: field rules,
+//! storage mode, the environment merge and resource capping.
+
+use std::collections::BTreeMap;
+
+use crate::config::Limits;
+use crate::model::{
+    validate_env, validate_name, validate_sandbox_id, validate_workdir, CreateRequest, Identity,
+    ResourceRequest, Resources, SandboxSpec, StorageMode, ValidationError, FIXED_ENV, MAX_NAME_LEN,
+};
+
+/// Validates `req` and builds the spec a backend receives.
+///
+/// Environment, lowest to highest precedence: the node-global env (only when
+/// `inherit_env` is true), the user's env (`null` values become ""), then the
+/// fixed base env. An ephemeral sandbox gets only the fixed base env.
+pub fn build_spec(
+    req: CreateRequest,
+    global_env: &BTreeMap<String, String>,
+    limits: &Limits,
+) -> Result<SandboxSpec, ValidationError> {
+    validate_sandbox_id(&req.sandbox_id)?;
+    validate_name("thread_id", &req.thread_id, MAX_NAME_LEN)?;
+    validate_name("uid", &req.uid, MAX_NAME_LEN)?;
+    let workdir_path = match req.workdir_path.as_deref() {
+        None => None,
+        Some(p) => Some(validate_workdir(p)?),
+    };
+    let inherit_env = req.inherit_env.unwrap_or(true);
+    let storage = if !inherit_env && workdir_path.is_none() {
+        StorageMode::Ephemeral
+    } else {
+        StorageMode::Persistent
+    };
+
+    let mut env = BTreeMap::new();
+    if storage == StorageMode::Persistent {
+        if inherit_env {
+            env.extend(global_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for (k, v) in req.env.unwrap_or_default() {
+            env.insert(k, v.unwrap_or_default());
+        }
+    }
+    for (k, v) in FIXED_ENV {
+        env.insert(k.to_string(), v.to_string());
+    }
+    validate_env(&env)?;
+
+    let resources_requested = req.resources.is_some();
+    let resources = resolve_resources(req.resources.unwrap_or_default(), limits)?;
+
+    Ok(SandboxSpec {
+        sandbox_id: req.sandbox_id,
+        identity: Identity {
+            thread_id: req.thread_id,
+            uid: req.uid,
+            workdir_path,
+            storage,
+        },
+        env,
+        resources,
+        resources_requested,
+    })
+}
+
+/// Applies node defaults to missing values and refuses values over the node
+/// maxima (never silently lowered: the caller asked for something explicit).
+pub fn resolve_resources(
+    req: ResourceRequest,
+    limits: &Limits,
+) -> Result<Resources, ValidationError> {
+    let bad = |field: &'static str, reason: String| ValidationError::BadResources { field, reason };
+    let memory_mb = req.memory_mb.unwrap_or(limits.memory_mb);
+    if memory_mb < 16 {
+        return Err(bad("memory_mb", "must be at least 16".into()));
+    }
+    if memory_mb > limits.max_memory_mb {
+        return Err(bad(
+            "memory_mb",
+            format!(
+                "{memory_mb} is over the node maximum {}",
+                limits.max_memory_mb
+            ),
+        ));
+    }
+    let cpus = req.cpus.unwrap_or(limits.cpus);
+    if !cpus.is_finite() || cpus < 0.01 {
+        return Err(bad("cpus", "must be at least 0.01".into()));
+    }
+    if cpus > limits.max_cpus {
+        return Err(bad(
+            "cpus",
+            format!("{cpus} is over the node maximum {}", limits.max_cpus),
+        ));
+    }
+    let pids = req.pids.unwrap_or(limits.pids);
+    if pids < 8 {
+        return Err(bad("pids", "must be at least 8".into()));
+    }
+    if pids > limits.max_pids {
+        return Err(bad(
+            "pids",
+            format!("{pids} is over the node maximum {}", limits.max_pids),
+        ));
+    }
+    Ok(Resources {
+        memory_mb,
+        cpus,
+        pids,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> CreateRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn global() -> BTreeMap<String, String> {
+        [
+            ("G".to_string(), "g".to_string()),
+            ("X".into(), "global".into()),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    #[test]
+    fn env_merge_order() {
+        let s = build_spec(
+            req(r#"{"sandbox_id":"a","thread_id":"t","uid":"u","env":{"X":"user","N":null,"HOME":"/evil"}}"#),
+            &global(),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(s.env["G"], "g");
+        assert_eq!(s.env["X"], "user");
+        assert_eq!(s.env["N"], "");
+        assert_eq!(s.env["HOME"], "/home/gem");
+        assert_eq!(s.identity.storage, StorageMode::Persistent);
+    }
+
+    #[test]
+    fn ephemeral_gets_only_fixed_env() {
+        let s = build_spec(
+            req(r#"{"sandbox_id":"a","thread_id":"t","uid":"u","inherit_env":false,"env":{"X":"1"}}"#),
+            &global(),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(s.identity.storage, StorageMode::Ephemeral);
+        assert_eq!(s.env.len(), FIXED_ENV.len());
+    }
+
+    #[test]
+    fn inherit_false_with_workdir_is_persistent_without_global() {
+        let s = build_spec(
+            req(r#"{"sandbox_id":"a","thread_id":"t","uid":"u","inherit_env":false,"workdir_path":"p/q","env":{"X":"1"}}"#),
+            &global(),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(s.identity.storage, StorageMode::Persistent);
+        assert!(!s.env.contains_key("G"));
+        assert_eq!(s.env["X"], "1");
+    }
+
+    #[test]
+    fn resources_capped() {
+        let l = Limits::default();
+        let r = resolve_resources(ResourceRequest::default(), &l).unwrap();
+        assert_eq!(r.memory_mb, l.memory_mb);
+        let over = ResourceRequest {
+            memory_mb: Some(l.max_memory_mb + 1),
+            ..Default::default()
+        };
+        assert!(resolve_resources(over, &l).is_err());
+        let over = ResourceRequest {
+            pids: Some(l.max_pids + 1),
+            ..Default::default()
+        };
+        assert!(resolve_resources(over, &l).is_err());
+        let ok = ResourceRequest {
+            cpus: Some(0.5),
+            ..Default::default()
+        };
+        assert_eq!(resolve_resources(ok, &l).unwrap().cpus, 0.5);
+    }
+
+    #[test]
+    fn bad_fields() {
+        for body in [
+            r#"{"sandbox_id":"a b","thread_id":"t","uid":"u"}"#,
+            r#"{"sandbox_id":"a","thread_id":"t/","uid":"u"}"#,
+            r#"{"sandbox_id":"a","thread_id":"t","uid":"../u"}"#,
+            r#"{"sandbox_id":"a","thread_id":"t","uid":"u","workdir_path":"/etc"}"#,
+            r#"{"sandbox_id":"a","thread_id":"t","uid":"u","env":{"A=B":"x"}}"#,
+        ] {
+            assert!(
+                build_spec(req(body), &global(), &Limits::default()).is_err(),
+                "{body}"
+            );
+        }
+    }
+}

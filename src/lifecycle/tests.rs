@@ -1,0 +1,167 @@
+//! Lifecycle semantics over a scriptable in-process backend.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::backend::memory::MemoryBackend;
+
+fn settings(idle: Option<Duration>) -> Settings {
+    Settings {
+        health_timeout: Duration::from_secs(5),
+        idle_timeout: idle,
+        idle_check_interval: Duration::from_millis(50),
+        global_env: BTreeMap::new(),
+        limits: Limits::default(),
+    }
+}
+
+fn lc(delay_ms: u64, idle: Option<Duration>) -> Arc<Lifecycle> {
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::from_millis(delay_ms)).unwrap();
+    Arc::new(Lifecycle::new(
+        Arc::new(b),
+        settings(idle),
+        Arc::new(Metrics::new()),
+    ))
+}
+
+fn req(id: &str, thread: &str) -> CreateRequest {
+    serde_json::from_value(serde_json::json!({
+        "sandbox_id": id, "thread_id": thread, "uid": "u1"
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn reuse_keeps_generation_and_mismatch_is_refused() {
+    let lc = lc(0, None);
+    let a = lc.create(req("s1", "t1")).await.unwrap();
+    let b = lc.create(req("s1", "t1")).await.unwrap();
+    assert_eq!(a.generation, b.generation);
+    let e = lc.create(req("s1", "t2")).await.unwrap_err();
+    assert!(matches!(e, LifecycleError::IdentityMismatch(_)));
+    assert_eq!(lc.discover("s1").await.unwrap().generation, a.generation);
+}
+
+#[tokio::test]
+async fn stale_incarnation_is_replaced() {
+    let lc = lc(0, None);
+    let a = lc.create(req("s1", "t1")).await.unwrap();
+    // The backend loses it (process died): the next create makes a new one.
+    lc.backend().delete("s1", &a.generation).await.unwrap();
+    assert_eq!(
+        lc.discover("s1").await.unwrap().status,
+        SandboxStatus::Exited
+    );
+    let b = lc.create(req("s1", "t1")).await.unwrap();
+    assert_ne!(a.generation, b.generation);
+    assert_eq!(b.status, SandboxStatus::Running);
+}
+
+#[tokio::test]
+async fn fenced_delete() {
+    let lc = lc(0, None);
+    let a = lc.create(req("s1", "t1")).await.unwrap();
+    let e = lc.delete("s1", Some("0000")).await.unwrap_err();
+    assert!(matches!(e, LifecycleError::GenerationMismatch { .. }));
+    assert!(lc.discover("s1").await.is_ok(), "stale delete touched it");
+    assert!(lc.delete("s1", Some(&a.generation)).await.unwrap());
+    assert!(!lc.delete("s1", Some(&a.generation)).await.unwrap());
+    assert!(matches!(
+        lc.discover("s1").await,
+        Err(LifecycleError::NotFound)
+    ));
+    assert_eq!(lc.live_lock_slots(), 0);
+}
+
+#[tokio::test]
+async fn concurrent_creates_make_one_generation() {
+    let lc = lc(50, None);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let lc = lc.clone();
+        tasks.push(tokio::spawn(
+            async move { lc.create(req("s1", "t1")).await },
+        ));
+    }
+    let mut gens = std::collections::HashSet::new();
+    for t in tasks {
+        gens.insert(t.await.unwrap().unwrap().generation);
+    }
+    assert_eq!(gens.len(), 1);
+}
+
+#[tokio::test]
+async fn delete_waits_for_pins() {
+    let lc = lc(0, None);
+    lc.create(req("s1", "t1")).await.unwrap();
+    let pin = lc.pin("s1").await.unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let (lc2, d2) = (lc.clone(), done.clone());
+    let del = tokio::spawn(async move {
+        lc2.delete("s1", None).await.unwrap();
+        d2.store(1, Ordering::SeqCst);
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(done.load(Ordering::SeqCst), 0, "delete did not wait");
+    // A second sandbox is unaffected meanwhile.
+    lc.create(req("s2", "t1")).await.unwrap();
+    lc.pin("s2").await.unwrap();
+    drop(pin);
+    del.await.unwrap();
+    assert!(matches!(lc.pin("s1").await, Err(LifecycleError::NotFound)));
+}
+
+#[tokio::test]
+async fn reaper_spares_touched() {
+    let lc = lc(0, Some(Duration::from_millis(300)));
+    lc.create(req("idle", "t")).await.unwrap();
+    lc.create(req("busy", "t")).await.unwrap();
+    let _h = lc.spawn_reaper().unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(lc.touch("busy"));
+    }
+    assert!(lc.discover("busy").await.is_ok());
+    assert!(matches!(
+        lc.discover("idle").await,
+        Err(LifecycleError::NotFound)
+    ));
+    assert_eq!(lc.metrics().reaped.get(), 1);
+}
+
+#[tokio::test]
+async fn reap_skips_when_touched_after_observation() {
+    let lc = lc(0, Some(Duration::from_secs(1000)));
+    lc.create(req("s1", "t")).await.unwrap();
+    let obs = lc.observe().pop().unwrap();
+    lc.touch("s1");
+    assert!(!lc.reap(&obs).await.unwrap());
+    assert!(lc.discover("s1").await.is_ok());
+    let obs = lc.observe().pop().unwrap();
+    assert!(lc.reap(&obs).await.unwrap());
+}
+
+#[tokio::test]
+async fn quiesce_closes_gate_and_deletes_all() {
+    let lc = lc(0, None);
+    lc.create(req("a", "t")).await.unwrap();
+    lc.create(req("b", "t")).await.unwrap();
+    assert_eq!(lc.quiesce(Duration::from_secs(5)).await.unwrap(), 2);
+    assert!(matches!(
+        lc.create(req("c", "t")).await,
+        Err(LifecycleError::Quiescing)
+    ));
+    assert_eq!(lc.tracked_count(), 0);
+}
+
+#[tokio::test]
+async fn quiesce_times_out_behind_a_pin() {
+    let lc = lc(0, None);
+    lc.create(req("a", "t")).await.unwrap();
+    let _pin = lc.pin("a").await.unwrap();
+    let e = lc.quiesce(Duration::from_millis(200)).await.unwrap_err();
+    assert!(matches!(e, LifecycleError::QuiesceTimeout(..)));
+}

@@ -1,0 +1,130 @@
+//! Prometheus metrics shared by the HTTP and lifecycle layers, rendered as
+//! text on `GET /metrics`.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+/// Latency buckets in seconds: 100 µs .. 60 s.
+const BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+    15.0, 60.0,
+];
+
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS.iter().copied())
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub sandboxes: Family<StatusLabel, Gauge>,
+    pub create_seconds: Histogram,
+    pub delete_seconds: Histogram,
+    pub proxy_seconds: Histogram,
+    pub reaped: Counter,
+    pub oom_kills: Counter,
+    pub errors: Family<KindLabel, Counter>,
+    render_lock: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sandboxd");
+        let sandboxes = Family::<StatusLabel, Gauge>::default();
+        let create_seconds = histogram();
+        let delete_seconds = histogram();
+        let proxy_seconds = histogram();
+        let reaped = Counter::default();
+        let oom_kills = Counter::default();
+        let errors = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "sandboxes",
+            "Sandboxes tracked, by status",
+            sandboxes.clone(),
+        );
+        registry.register(
+            "create_duration_seconds",
+            "Time to create a sandbox (POST until it answers health)",
+            create_seconds.clone(),
+        );
+        registry.register(
+            "delete_duration_seconds",
+            "Time to delete a sandbox, including waiting for pinned proxy requests",
+            delete_seconds.clone(),
+        );
+        registry.register(
+            "proxy_duration_seconds",
+            "Time from a proxied request to its upstream response head",
+            proxy_seconds.clone(),
+        );
+        registry.register(
+            "reaped",
+            "Sandboxes deleted by the idle reaper",
+            reaped.clone(),
+        );
+        registry.register(
+            "oom_kills",
+            "Sandboxes in which the OOM killer killed a process",
+            oom_kills.clone(),
+        );
+        registry.register("errors", "Errors by kind", errors.clone());
+        Metrics {
+            registry,
+            sandboxes,
+            create_seconds,
+            delete_seconds,
+            proxy_seconds,
+            reaped,
+            oom_kills,
+            errors,
+            render_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn error(&self, kind: &str) {
+        self.errors
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Renders the text exposition format, after setting the per-status
+    /// gauges from `counts` (every status named there; others set to 0).
+    pub fn render(&self, counts: &[(&str, i64)]) -> String {
+        let _g = self.render_lock.lock().unwrap_or_else(|e| e.into_inner());
+        for (status, n) in counts {
+            self.sandboxes
+                .get_or_create(&StatusLabel {
+                    status: status.to_string(),
+                })
+                .set(*n);
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
