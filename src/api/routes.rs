@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tracing::{debug, warn};
@@ -138,30 +138,52 @@ fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     })
 }
 
+/// How much of an over-long body is read and discarded before answering
+/// 413, so a well-behaved client that is still sending sees the response
+/// instead of a reset connection. Bigger bodies are cut off.
+const DRAIN_LIMIT: usize = 8 * 1024 * 1024;
+
+async fn drain(mut body: Incoming) {
+    let mut seen = 0usize;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(d) = frame.data_ref() {
+            seen += d.len();
+        }
+        if seen > DRAIN_LIMIT {
+            break;
+        }
+    }
+}
+
 /// Reads a JSON body of at most [`MAX_JSON_BODY`] bytes.
 async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, ApiError> {
-    if let Some(len) = req
+    let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut body = req.into_body();
+    if let Some(len) = declared {
         if len > MAX_JSON_BODY as u64 {
+            if len <= DRAIN_LIMIT as u64 {
+                drain(body).await;
+            }
             return Err(ApiError::TooLarge(MAX_JSON_BODY));
         }
     }
-    let bytes = Limited::new(req.into_body(), MAX_JSON_BODY)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                ApiError::TooLarge(MAX_JSON_BODY)
-            } else {
-                ApiError::BadRequest(format!("cannot read request body: {e}"))
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::BadRequest(format!("cannot read request body: {e}")))?;
+        if let Some(d) = frame.data_ref() {
+            if buf.len() + d.len() > MAX_JSON_BODY {
+                drain(body).await;
+                return Err(ApiError::TooLarge(MAX_JSON_BODY));
             }
-        })?
-        .to_bytes();
-    serde_json::from_slice(&bytes)
+            buf.extend_from_slice(d);
+        }
+    }
+    serde_json::from_slice(&buf)
         .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
 }
 

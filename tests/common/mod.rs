@@ -1,0 +1,192 @@
+//! Shared test harness: starts the real `sandboxd` binary on an ephemeral
+//! port and talks HTTP to it; a tiny in-process upstream server.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+pub mod upstream;
+
+pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+pub const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
+
+pub fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).map_err(|e| match e {}).boxed()
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub state_dir: tempfile::TempDir,
+    pub log: Arc<Mutex<Vec<String>>>,
+    pub client: Client<HttpConnector, Body>,
+}
+
+impl Daemon {
+    /// Starts `sandboxd serve` with the memory backend and `env` on top.
+    pub fn start_memory(env: &[(&str, &str)]) -> Daemon {
+        let mut all = vec![("PROVISIONER_BACKEND", "memory")];
+        all.extend_from_slice(env);
+        Daemon::start(&all, &[])
+    }
+
+    /// Starts `sandboxd serve --listen 127.0.0.1:0` with `env`; waits for
+    /// its "listening" log line.
+    pub fn start(env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        let state_dir = tempfile::tempdir().unwrap();
+        Daemon::start_in(state_dir, env, args)
+    }
+
+    pub fn start_in(state_dir: tempfile::TempDir, env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--state-dir")
+            .arg(state_dir.path())
+            .args(args)
+            .env_remove("SANDBOXD_CONFIG")
+            .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn sandboxd");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(i) = line.find("address=http://") {
+                    let a = line[i + "address=http://".len()..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .to_string();
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(a);
+                    }
+                }
+                eprintln!("[sandboxd] {line}");
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("sandboxd did not start: {:?}", log.lock().unwrap()));
+        Daemon {
+            child,
+            addr: addr.parse().unwrap(),
+            state_dir,
+            log,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Sends a request; returns status, headers and the whole body.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Body>,
+        token: Option<&str>,
+    ) -> (u16, http::HeaderMap, Bytes) {
+        let mut b = http::Request::builder().method(method).uri(self.url(path));
+        if let Some(t) = token {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        let req = b.body(body.unwrap_or_else(|| full(Bytes::new()))).unwrap();
+        let resp = self.client.request(req).await.expect("request");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, bytes)
+    }
+
+    /// Authenticated JSON call.
+    pub async fn json(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let body = body.map(|v| full(serde_json::to_vec(&v).unwrap()));
+        let (s, _, b) = self.call(method, path, body, Some(TOKEN)).await;
+        let v = serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null);
+        (s, v)
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// Waits until a log line contains `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if self.log_contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads a field (in KiB) of `/proc/<pid>/status`, e.g. `VmRSS`, `VmHWM`.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+pub fn create_body(id: &str, thread: &str, uid: &str) -> serde_json::Value {
+    serde_json::json!({"sandbox_id": id, "thread_id": thread, "uid": uid})
+}

@@ -1,0 +1,145 @@
+//! Start-up behaviour of `sandboxd serve`: token rules, listen rules,
+//! Unix socket, config file.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use common::{Daemon, TOKEN};
+
+fn serve_fails(env: &[(&str, &str)], args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+    cmd.arg("serve")
+        .arg("--state-dir")
+        .arg(dir.path())
+        .args(args)
+        .env("PROVISIONER_BACKEND", "memory")
+        .env_remove("SANDBOX_PROVISIONER_TOKEN")
+        .env_remove("SANDBOXD_CONFIG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "serve should have refused to start");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn refuses_short_or_padded_tokens() {
+    let e = serve_fails(
+        &[("SANDBOX_PROVISIONER_TOKEN", "short")],
+        &["--listen", "127.0.0.1:0"],
+    );
+    assert!(e.contains("at least 32"), "{e}");
+    let padded = format!("{TOKEN} ");
+    let e = serve_fails(
+        &[("SANDBOX_PROVISIONER_TOKEN", &padded)],
+        &["--listen", "127.0.0.1:0"],
+    );
+    assert!(e.contains("white space"), "{e}");
+}
+
+#[test]
+fn refuses_non_loopback_listen_unless_allowed() {
+    let e = serve_fails(
+        &[("SANDBOX_PROVISIONER_TOKEN", TOKEN)],
+        &["--listen", "0.0.0.0:0"],
+    );
+    assert!(e.contains("non-loopback"), "{e}");
+    let e = serve_fails(
+        &[("SANDBOX_PROVISIONER_TOKEN", TOKEN)],
+        &["--listen", "not-an-address"],
+    );
+    assert!(e.contains("listen address"), "{e}");
+}
+
+#[test]
+fn bad_config_file_is_refused_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, "idle_timeout_seconds = \"ten\"\n").unwrap();
+    let e = serve_fails(
+        &[("SANDBOX_PROVISIONER_TOKEN", TOKEN)],
+        &["--config", p.to_str().unwrap()],
+    );
+    assert!(e.contains("c.toml"), "{e}");
+}
+
+#[tokio::test]
+async fn generates_a_private_token_and_logs_only_its_path() {
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path())
+        .env("PROVISIONER_BACKEND", "memory")
+        .env_remove("SANDBOX_PROVISIONER_TOKEN")
+        .env_remove("SANDBOXD_CONFIG")
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let token_path = state.path().join("token");
+    let mut waited = 0;
+    while !token_path.exists() && waited < 200 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        waited += 1;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let token = std::fs::read_to_string(&token_path).unwrap();
+    let token = token.trim_end();
+    assert!(token.len() >= 32);
+    let mode = std::fs::metadata(&token_path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(
+        log.contains(token_path.to_str().unwrap()),
+        "path not logged: {log}"
+    );
+    assert!(!log.contains(token), "token value logged");
+}
+
+#[tokio::test]
+async fn serves_on_a_unix_socket_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let d = Daemon::start(
+        &[("PROVISIONER_BACKEND", "memory")],
+        &["--unix-socket", sock.to_str().unwrap()],
+    );
+    assert!(d.wait_log("unix:", std::time::Duration::from_secs(5)));
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o660);
+    // Plain HTTP/1.1 over the socket.
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    write!(
+        s,
+        "GET /api/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("\"count\":0"), "{out}");
+}
+
+#[tokio::test]
+async fn config_file_values_apply_and_env_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(
+        &p,
+        "backend = \"memory\"\nidle_timeout_seconds = 900\nidle_check_interval_seconds = 7\n",
+    )
+    .unwrap();
+    let d = Daemon::start(
+        &[("SANDBOX_IDLE_TIMEOUT_SECONDS", "1000")],
+        &["--config", p.to_str().unwrap()],
+    );
+    let (_, h) = d.json("GET", "/health", None).await;
+    assert_eq!(h["backend"], "memory");
+    assert_eq!(h["idle_timeout_seconds"], 1000);
+    assert_eq!(h["idle_check_interval_seconds"], 7);
+}
