@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 
 pub mod memory;
+pub mod native;
 
 /// Why a backend operation failed. The HTTP layer maps these to status
 /// codes in one place (`api::error`).

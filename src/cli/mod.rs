@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+pub mod bundle;
 pub mod serve;
 
 #[derive(Debug, Parser)]
@@ -22,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon (serves the provisioner HTTP API).
     Serve(ServeArgs),
+    /// Write the OCI bundle a create would use (for operators and reviewers).
+    Bundle(bundle::BundleArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -47,5 +50,6 @@ pub struct ServeArgs {
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Serve(args) => serve::run(args).map(|()| 0),
+        Command::Bundle(args) => bundle::run(args).map(|()| 0),
     }
 }

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use super::ServeArgs;
 use crate::api::{self, auth, AppState, Listener};
 use crate::backend::memory::MemoryBackend;
+use crate::backend::native::{Native, NativeBackend};
 use crate::backend::Backend;
 use crate::config::{parse_dotenv, BackendKind, Config, LogFormat, ProcessEnv};
 use crate::lifecycle::{Lifecycle, Settings};
@@ -31,7 +32,7 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
-fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
+pub fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {
     let mut cfg = Config::load(args.config.as_deref(), &ProcessEnv)?;
     if let Some(l) = &args.listen {
         cfg.listen = l.clone();
@@ -83,7 +84,13 @@ async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
                 Duration::from_millis(delay),
             )?))
         }
-        BackendKind::Native => bail!("the native backend is not available in this build yet"),
+        BackendKind::Native => {
+            let cfg = cfg.clone();
+            let nb = tokio::task::spawn_blocking(move || NativeBackend::new(&cfg, None))
+                .await
+                .context("native backend set-up panicked")??;
+            Ok(Arc::new(Native(Arc::new(nb))))
+        }
         BackendKind::Kubernetes => {
             bail!("the kubernetes backend is not available in this build yet")
         }

@@ -1,0 +1,185 @@
+//! Starting a sandbox: exec `sandbox-init` on a bundle (the daemon never
+//! forks itself), read its report channel, then wait for the agent's
+//! "listening" byte on the ready pipe. Blocking code: call it from a
+//! blocking thread.
+
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::init::report::{self, Report};
+
+/// fd numbers `sandbox-init` receives the channels on.
+pub const REPORT_FD: i32 = 3;
+pub const READY_FD: i32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("cannot create pipe: {0}")]
+    Pipe(nix::Error),
+    #[error("cannot exec {path}: {source}")]
+    Spawn {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("sandbox-init failed at step {step}: {error}")]
+    Step { step: String, error: String },
+    #[error("sandbox-init exited without reporting a PID ({0})")]
+    NoPid(String),
+    #[error("the agent exited before it was listening (see {log})")]
+    AgentDied { log: String },
+    #[error("the agent was not listening within {0:?}")]
+    Timeout(Duration),
+    #[error("reading the launcher's report: {0}")]
+    Io(std::io::Error),
+}
+
+/// What a successful launch produced.
+#[derive(Debug)]
+pub struct Launched {
+    /// Host PID of the sandbox's PID 1 (the agent).
+    pub pid: i32,
+}
+
+/// Waits until `fd` is readable or `deadline` passes.
+fn wait_readable(fd: &OwnedFd, deadline: Instant) -> Result<bool, LaunchError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let ms = left.as_millis().min(i32::MAX as u128) as i32;
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(0) => continue,
+            Ok(_) => return Ok(true),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(LaunchError::Io(e.into())),
+        }
+    }
+}
+
+/// Reads the whole report channel (until EOF or the deadline).
+fn read_report(fd: OwnedFd, deadline: Instant) -> Result<String, LaunchError> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if !wait_readable(&fd, deadline)? {
+            return Err(LaunchError::Timeout(Duration::ZERO));
+        }
+        match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(LaunchError::Io(e.into())),
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).to_string())
+}
+
+/// Starts `init` on `bundle` and waits until the agent listens. On error
+/// the caller cleans up (it may have got a PID before the failure: see
+/// the `on_pid` callback, called as soon as the PID is known).
+pub fn launch(
+    init: &Path,
+    bundle: &Path,
+    log: &Path,
+    timeout: Duration,
+    on_pid: &mut dyn FnMut(i32),
+) -> Result<Launched, LaunchError> {
+    let deadline = Instant::now() + timeout;
+    let (report_r, report_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Pipe)?;
+    let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Pipe)?;
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|source| LaunchError::Spawn {
+            path: log.display().to_string(),
+            source,
+        })?;
+    let (rw, yw) = (report_w.as_raw_fd(), ready_w.as_raw_fd());
+    let mut cmd = Command::new(init);
+    cmd.arg("--bundle")
+        .arg(bundle)
+        .arg("--report-fd")
+        .arg(REPORT_FD.to_string())
+        .arg("--ready-fd")
+        .arg(READY_FD.to_string())
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone().map_err(LaunchError::Io)?)
+        .stderr(logf);
+    // SAFETY: the closure runs between fork and exec in the child and only
+    // calls fcntl and dup2, which are async-signal-safe. Duplicating both
+    // fds above 10 first means neither dup2 can clobber the other's source.
+    unsafe {
+        cmd.pre_exec(move || {
+            let a = libc::fcntl(rw, libc::F_DUPFD_CLOEXEC, 10);
+            let b = libc::fcntl(yw, libc::F_DUPFD_CLOEXEC, 10);
+            if a < 0 || b < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::dup2(a, REPORT_FD) < 0 || libc::dup2(b, READY_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        path: init.display().to_string(),
+        source,
+    })?;
+    // Our copies of the write ends must go, or EOF never comes.
+    drop(report_w);
+    drop(ready_w);
+
+    let text = read_report(report_r, deadline);
+    let _ = child.wait();
+    let text = text.map_err(|e| match e {
+        LaunchError::Timeout(_) => LaunchError::Timeout(timeout),
+        e => e,
+    })?;
+    let reports = report::parse(&text);
+    let pid = reports.iter().find_map(|r| match r {
+        Report::Pid { pid } => Some(*pid),
+        _ => None,
+    });
+    if let Some(pid) = pid {
+        on_pid(pid);
+    }
+    if let Some(Report::Failed { step, error }) =
+        reports.iter().find(|r| matches!(r, Report::Failed { .. }))
+    {
+        return Err(LaunchError::Step {
+            step: step.clone(),
+            error: error.clone(),
+        });
+    }
+    let pid =
+        pid.ok_or_else(|| LaunchError::NoPid(std::fs::read_to_string(log).unwrap_or_default()))?;
+
+    // The agent writes one byte once it listens; EOF means it died first.
+    if !wait_readable(&ready_r, deadline)? {
+        return Err(LaunchError::Timeout(timeout));
+    }
+    let mut b = [0u8; 1];
+    let n = std::fs::File::from(ready_r)
+        .read(&mut b)
+        .map_err(LaunchError::Io)?;
+    if n == 0 {
+        return Err(LaunchError::AgentDied {
+            log: log.display().to_string(),
+        });
+    }
+    Ok(Launched { pid })
+}

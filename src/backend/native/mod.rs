@@ -1,0 +1,403 @@
+//! The native backend: sandboxes as containers this node builds and starts
+//! itself. Per sandbox: a state directory with `state.json` and an OCI
+//! bundle, a `sandbox-init` launch, a kept network-namespace fd through
+//! which the proxy reaches the agent, and a pidfd on its PID 1.
+//!
+//! This module owns everything under `<state_dir>/sandboxes/` and the
+//! per-user directories it creates; it never deletes user files.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use oci_spec::runtime::{LinuxSeccomp, Spec};
+use tracing::{info, warn};
+
+use super::{Backend, BackendError, Upstream};
+use crate::config::Config;
+use crate::model::{
+    new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
+};
+
+pub mod bundle;
+pub mod launch;
+pub mod netns;
+pub mod paths;
+pub mod proc;
+pub mod reconcile;
+pub mod state;
+
+use bundle::HostLayout;
+use netns::NetnsDialer;
+use paths::PathError;
+use proc::ProcHandle;
+use state::{Phase, SandboxState, StateDir};
+
+/// A running sandbox as the daemon holds it.
+struct Live {
+    record: SandboxRecord,
+    handle: Arc<ProcHandle>,
+    netns: Arc<OwnedFd>,
+}
+
+pub struct NativeBackend {
+    state: StateDir,
+    host: HostLayout,
+    base: Spec,
+    init_path: PathBuf,
+    seccomp: Option<LinuxSeccomp>,
+    dialer: NetnsDialer,
+    live: Mutex<HashMap<String, Live>>,
+}
+
+fn internal(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Internal(e.to_string())
+}
+
+/// A binary shipped next to the running `sandboxd`.
+fn sibling_binary(name: &str) -> Result<PathBuf, BackendError> {
+    let exe = std::env::current_exe().map_err(internal)?;
+    let p = exe
+        .parent()
+        .map(|d| d.join(name))
+        .ok_or_else(|| internal("cannot locate the sandboxd binary"))?;
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(internal(format!(
+            "{name} not found at {} (set [native] {}_path)",
+            p.display(),
+            name.trim_start_matches("sandbox-")
+        )))
+    }
+}
+
+/// Creates (if needed) and canonicalizes an operator-configured root.
+fn prepare_root(path: &Path, sub: Option<&str>) -> Result<PathBuf, BackendError> {
+    let full = sub
+        .map(|s| path.join(s))
+        .unwrap_or_else(|| path.to_path_buf());
+    std::fs::create_dir_all(&full)
+        .map_err(|e| internal(format!("cannot create {}: {e}", full.display())))?;
+    std::fs::canonicalize(path).map_err(|e| internal(format!("{}: {e}", path.display())))
+}
+
+impl NativeBackend {
+    /// Builds the backend from the configuration, then reconciles the
+    /// state directory (adopts live sandboxes, cleans up the rest) before
+    /// returning, so the API never serves a half-known node.
+    pub fn new(cfg: &Config, seccomp: Option<LinuxSeccomp>) -> Result<NativeBackend, BackendError> {
+        let agent_path = match &cfg.native.agent_path {
+            Some(p) => p.clone(),
+            None => sibling_binary("sandbox-agent")?,
+        };
+        let init_path = match &cfg.native.init_path {
+            Some(p) => p.clone(),
+            None => sibling_binary("sandbox-init")?,
+        };
+        let host = HostLayout {
+            user_data_root: prepare_root(&cfg.user_data_root, Some("shared"))?,
+            skills_root: prepare_root(&cfg.skills_root, None)?,
+            agent_path: std::fs::canonicalize(&agent_path)
+                .map_err(|e| internal(format!("{}: {e}", agent_path.display())))?,
+            rootfs_binds: HostLayout::resolve_binds(&cfg.native),
+            container_port: cfg.container_port,
+            limits: cfg.limits.clone(),
+        };
+        let base = bundle::load_base(cfg.native.base_spec.as_deref()).map_err(internal)?;
+        let state = StateDir::new(&cfg.state_dir);
+        std::fs::create_dir_all(state.root()).map_err(internal)?;
+        // Sandboxes are re-parented to us when their launcher exits, so we
+        // can reap them (the host's PID 1 may not).
+        nix::sys::prctl::set_child_subreaper(true).map_err(internal)?;
+        let backend = NativeBackend {
+            state,
+            host,
+            base,
+            init_path,
+            seccomp,
+            dialer: NetnsDialer::start().map_err(internal)?,
+            live: Mutex::new(HashMap::new()),
+        };
+        backend.reconcile();
+        Ok(backend)
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Checks and prepares the host paths of a persistent sandbox. Nothing
+    /// is created unless every check passed.
+    fn prepare_user_paths(&self, spec: &SandboxSpec) -> Result<(), BackendError> {
+        if spec.identity.storage == StorageMode::Ephemeral {
+            return Ok(());
+        }
+        let uid = &spec.identity.uid;
+        let user_err = |what: &str, e: PathError| {
+            if e.is_user_error() {
+                BackendError::Invalid(format!("{what}: {e}"))
+            } else {
+                internal(format!("{what}: {e}"))
+            }
+        };
+        if let Some(w) = &spec.identity.workdir_path {
+            let full = self.host.workspace(uid).join(w);
+            paths::open_dir_nofollow(&full).map_err(|e| user_err("workdir_path", e))?;
+        }
+        let rel = Path::new("shared").join(uid).join("workspace");
+        paths::ensure_user_dirs(&self.host.user_data_root, &rel)
+            .map_err(|e| user_err("user data root", e))?;
+        paths::ensure_user_dirs(&self.host.skills_root, Path::new(uid))
+            .map_err(|e| user_err("skills root", e))?;
+        Ok(())
+    }
+
+    /// Writes the bundle a create of `spec` would use into `dir`.
+    pub fn write_bundle_to(
+        &self,
+        spec: &SandboxSpec,
+        generation: &str,
+        dir: &Path,
+    ) -> Result<Spec, BackendError> {
+        let oci = bundle::build_spec(
+            &self.base,
+            spec,
+            generation,
+            &self.host,
+            &dir.join("files"),
+            None,
+            self.seccomp.as_ref(),
+        )
+        .map_err(internal)?;
+        bundle::write_bundle(dir, &oci).map_err(internal)?;
+        Ok(oci)
+    }
+
+    /// Kills what a failed or deleted incarnation left and removes its
+    /// directory. Never touches user files.
+    fn destroy(&self, id: &str, handle: Option<&ProcHandle>) {
+        if let Some(h) = handle {
+            h.kill();
+            if !h.wait_exit(Duration::from_secs(10)) {
+                warn!(sandbox_id = %id, pid = h.pid, "sandbox PID 1 did not exit after SIGKILL");
+            }
+        }
+        if let Err(e) = self.state.remove(id) {
+            warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
+        }
+    }
+
+    fn blocking_create(
+        &self,
+        spec: &SandboxSpec,
+        timeout: Duration,
+    ) -> Result<SandboxRecord, BackendError> {
+        let id = spec.sandbox_id.clone();
+        self.prepare_user_paths(spec)?;
+        let generation = new_generation();
+        let dir = self.state.sandbox_dir(&id);
+        // A leftover directory of a dead incarnation (nothing live owns
+        // it: the lifecycle deleted any live one first).
+        self.state.remove(&id).map_err(internal)?;
+        std::fs::create_dir_all(&dir).map_err(internal)?;
+        let mut st = SandboxState {
+            sandbox_id: id.clone(),
+            generation: generation.clone(),
+            identity: spec.identity.clone(),
+            phase: Phase::Creating,
+            pid: None,
+            start_time: None,
+            cgroup: None,
+            resources: spec.resources,
+            created_at: unix_now(),
+        };
+        let fail = |e: BackendError, handle: Option<&ProcHandle>| {
+            self.destroy(&id, handle);
+            e
+        };
+        if let Err(e) = self.state.save(&st) {
+            return Err(fail(internal(e), None));
+        }
+        let bundle_dir = self.state.bundle_dir(&id);
+        if let Err(e) = self.write_bundle_to(spec, &generation, &bundle_dir) {
+            return Err(fail(e, None));
+        }
+        let mut launched_pid = None;
+        let r = launch::launch(
+            &self.init_path,
+            &bundle_dir,
+            &self.state.log_path(&id),
+            timeout,
+            &mut |pid| {
+                launched_pid = Some(pid);
+            },
+        );
+        let handle = launched_pid.and_then(|p| ProcHandle::open(p, None));
+        let pid = match r {
+            Ok(l) => l.pid,
+            Err(e) => {
+                let err = match e {
+                    launch::LaunchError::Timeout(t) => BackendError::HealthTimeout(t),
+                    e => internal(e),
+                };
+                return Err(fail(err, handle.as_ref()));
+            }
+        };
+        let Some(handle) = handle else {
+            return Err(fail(
+                internal("sandbox exited right after it started"),
+                None,
+            ));
+        };
+        let netns = match netns::open_netns(pid) {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => return Err(fail(internal(format!("open netns: {e}")), Some(&handle))),
+        };
+        st.phase = Phase::Running;
+        st.pid = Some(pid);
+        st.start_time = Some(handle.start_time);
+        if let Err(e) = self.state.save(&st) {
+            return Err(fail(internal(e), Some(&handle)));
+        }
+        let record = record_of(&st, SandboxStatus::Running);
+        self.live().insert(
+            id,
+            Live {
+                record: record.clone(),
+                handle: Arc::new(handle),
+                netns,
+            },
+        );
+        Ok(record)
+    }
+
+    fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), BackendError> {
+        let live = self.live().remove(id);
+        match live {
+            Some(l) if l.record.generation != generation => {
+                self.live().insert(id.to_string(), l);
+                Err(BackendError::Conflict(format!(
+                    "sandbox {id} is at another generation"
+                )))
+            }
+            Some(l) => {
+                if let Ok(Some(mut st)) = self.state.load(id) {
+                    st.phase = Phase::Deleting;
+                    let _ = self.state.save(&st);
+                }
+                self.destroy(id, Some(&l.handle));
+                info!(sandbox_id = %id, pid = l.handle.pid, "sandbox destroyed");
+                Ok(())
+            }
+            None => {
+                // Not live: remove remains of this generation, if any.
+                match self.state.load(id) {
+                    Ok(Some(st)) if st.generation != generation => Ok(()),
+                    _ => {
+                        self.destroy(id, None);
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
+    SandboxRecord {
+        sandbox_id: st.sandbox_id.clone(),
+        generation: st.generation.clone(),
+        identity: st.identity.clone(),
+        status,
+        created_at: st.created_at,
+        oom_killed: None,
+    }
+}
+
+/// Runs blocking backend work off the async runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
+) -> Result<T, BackendError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| internal(format!("worker failed: {e}")))?
+}
+
+/// The backend is shared as `Arc<NativeBackend>`; the trait is implemented
+/// on a thin wrapper so blocking work can own a reference.
+pub struct Native(pub Arc<NativeBackend>);
+
+#[async_trait]
+impl Backend for Native {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+
+    async fn create(
+        &self,
+        spec: &SandboxSpec,
+        health_timeout: Duration,
+    ) -> Result<SandboxRecord, BackendError> {
+        let b = self.0.clone();
+        let spec = spec.clone();
+        blocking(move || b.blocking_create(&spec, health_timeout)).await
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
+        Ok(self
+            .0
+            .live()
+            .values()
+            .map(|l| {
+                let mut r = l.record.clone();
+                if l.handle.exited() {
+                    r.status = SandboxStatus::Exited;
+                }
+                r
+            })
+            .collect())
+    }
+
+    async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
+        match self.0.live().get(&record.sandbox_id) {
+            Some(l) if l.record.generation == record.generation && !l.handle.exited() => {
+                SandboxStatus::Running
+            }
+            _ => SandboxStatus::Exited,
+        }
+    }
+
+    async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
+        let b = self.0.clone();
+        let (id, g) = (sandbox_id.to_string(), generation.to_string());
+        blocking(move || b.blocking_delete(&id, &g)).await
+    }
+
+    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
+        let netns = match self.0.live().get(&record.sandbox_id) {
+            Some(l) if l.record.generation == record.generation => l.netns.clone(),
+            _ => {
+                return Err(BackendError::Unreachable(format!(
+                    "sandbox {} is not running",
+                    record.sandbox_id
+                )))
+            }
+        };
+        let addr = SocketAddr::V4(SocketAddrV4::new(
+            Ipv4Addr::LOCALHOST,
+            self.0.host.container_port,
+        ));
+        let stream = self
+            .0
+            .dialer
+            .connect(netns, addr)
+            .await
+            .map_err(|e| BackendError::Unreachable(e.to_string()))?;
+        Ok(Upstream { stream })
+    }
+}

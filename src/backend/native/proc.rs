@@ -1,0 +1,123 @@
+//! Host-side process handling of sandboxes: pidfds, start times (to defeat
+//! PID reuse), liveness, killing and reaping.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+
+/// The start time of `pid` (field 22 of `/proc/<pid>/stat`, clock ticks
+/// since boot), or None when it does not exist.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: split after
+    // the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The state letter of `pid` (R, S, Z, ...).
+pub fn state(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().next()?.chars().next()
+}
+
+/// A handle on a sandbox's PID 1 that survives PID reuse.
+#[derive(Debug)]
+pub struct ProcHandle {
+    pub pid: i32,
+    pub start_time: u64,
+    pidfd: OwnedFd,
+}
+
+impl ProcHandle {
+    /// Opens `pid` if it is alive with `expected_start` (when given).
+    pub fn open(pid: i32, expected_start: Option<u64>) -> Option<ProcHandle> {
+        let p = rustix::process::Pid::from_raw(pid)?;
+        let pidfd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()?;
+        // Read the start time after opening the pidfd: if it matches, the
+        // pidfd refers to that very process.
+        let st = start_time(pid)?;
+        if expected_start.is_some_and(|e| e != st) || state(pid) == Some('Z') {
+            return None;
+        }
+        Some(ProcHandle {
+            pid,
+            start_time: st,
+            pidfd,
+        })
+    }
+
+    /// True once the process has exited (the pidfd polls readable).
+    pub fn exited(&self) -> bool {
+        self.wait_exit(Duration::ZERO)
+    }
+
+    /// Waits up to `timeout` for the exit.
+    pub fn wait_exit(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = left.as_millis().min(i32::MAX as u128) as i32;
+            let mut fds = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(0) => return false,
+                Ok(_) => {
+                    self.reap();
+                    return true;
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Collects the exit status when the daemon is the parent (as a
+    /// subreaper); harmless otherwise.
+    pub fn reap(&self) {
+        let _ = waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG));
+    }
+
+    /// SIGKILLs the sandbox's PID 1 (which takes its whole PID namespace
+    /// down) through the pidfd, so a recycled PID is never signalled.
+    pub fn kill(&self) {
+        let r = rustix::process::pidfd_send_signal(&self.pidfd, rustix::process::Signal::KILL);
+        if r.is_err() && !self.exited() {
+            // Fallback for kernels without pidfd_send_signal.
+            let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_start_time_and_kill() {
+        let me = std::process::id() as i32;
+        assert!(start_time(me).is_some());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let st = start_time(pid).unwrap();
+        assert!(
+            ProcHandle::open(pid, Some(st + 1)).is_none(),
+            "start time not checked"
+        );
+        let h = ProcHandle::open(pid, Some(st)).unwrap();
+        assert!(!h.exited());
+        h.kill();
+        let _ = child.wait();
+        assert!(h.wait_exit(Duration::from_secs(5)));
+    }
+}

@@ -1,0 +1,199 @@
+//! Per-sandbox state on disk: `<state_dir>/sandboxes/<id>/state.json`,
+//! written atomically (temp file, fsync, rename, fsync the directory), so a
+//! restarted daemon can adopt running sandboxes and clean up dead ones.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Identity, Resources};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is corrupt: {message}")]
+    Corrupt { path: PathBuf, message: String },
+}
+
+/// Where a sandbox is in its life (as last recorded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Creating,
+    Running,
+    Deleting,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxState {
+    pub sandbox_id: String,
+    pub generation: String,
+    pub identity: Identity,
+    pub phase: Phase,
+    /// Host PID of the sandbox's PID 1, once known.
+    pub pid: Option<i32>,
+    /// Its start time (clock ticks since boot), to defeat PID reuse.
+    pub start_time: Option<u64>,
+    pub cgroup: Option<String>,
+    pub resources: Resources,
+    pub created_at: u64,
+}
+
+/// The layout of the state directory.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    pub fn new(state_dir: &Path) -> StateDir {
+        StateDir {
+            root: state_dir.join("sandboxes"),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    pub fn bundle_dir(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id).join("bundle")
+    }
+
+    pub fn log_path(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id).join("agent.log")
+    }
+
+    fn state_path(&self, id: &str) -> PathBuf {
+        self.sandbox_dir(id).join("state.json")
+    }
+
+    /// Writes `st` atomically.
+    pub fn save(&self, st: &SandboxState) -> Result<(), StateError> {
+        let dir = self.sandbox_dir(&st.sandbox_id);
+        let path = self.state_path(&st.sandbox_id);
+        let tmp = dir.join(".state.json.tmp");
+        let w = |source| StateError::Write {
+            path: path.clone(),
+            source,
+        };
+        let json = serde_json::to_vec_pretty(st).expect("state serializes");
+        let mut f = std::fs::File::create(&tmp).map_err(w)?;
+        f.write_all(&json).map_err(w)?;
+        f.sync_all().map_err(w)?;
+        std::fs::rename(&tmp, &path).map_err(w)?;
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(w)
+    }
+
+    pub fn load(&self, id: &str) -> Result<Option<SandboxState>, StateError> {
+        let path = self.state_path(id);
+        match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| StateError::Corrupt {
+                    path,
+                    message: e.to_string(),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(StateError::Read { path, source }),
+        }
+    }
+
+    /// Ids of every sandbox directory (with or without state).
+    pub fn ids(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| crate::model::validate_sandbox_id(n).is_ok())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Removes a sandbox's directory (state, bundle, log). Refuses when
+    /// anything below it is still a mount point, so a leaked mount of user
+    /// data can never be deleted through it.
+    pub fn remove(&self, id: &str) -> Result<(), StateError> {
+        let dir = self.sandbox_dir(id);
+        let prefix = format!("{}/", dir.display());
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if let Some(line) = mounts.lines().find(|l| {
+            l.split_whitespace()
+                .nth(4)
+                .is_some_and(|mp| mp.starts_with(&prefix) || mp == dir.to_string_lossy())
+        }) {
+            return Err(StateError::Write {
+                path: dir,
+                source: std::io::Error::other(format!(
+                    "refusing to remove: a mount is still below it ({line})"
+                )),
+            });
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(StateError::Write { path: dir, source }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::StorageMode;
+
+    #[test]
+    fn save_load_remove() {
+        let t = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(t.path());
+        std::fs::create_dir_all(sd.sandbox_dir("a")).unwrap();
+        let st = SandboxState {
+            sandbox_id: "a".into(),
+            generation: "g".into(),
+            identity: Identity {
+                thread_id: "t".into(),
+                uid: "u".into(),
+                workdir_path: None,
+                storage: StorageMode::Ephemeral,
+            },
+            phase: Phase::Creating,
+            pid: None,
+            start_time: None,
+            cgroup: None,
+            resources: Resources {
+                memory_mb: 1,
+                cpus: 1.0,
+                pids: 1,
+            },
+            created_at: 0,
+        };
+        sd.save(&st).unwrap();
+        assert_eq!(sd.load("a").unwrap().unwrap(), st);
+        assert_eq!(sd.ids(), vec!["a".to_string()]);
+        std::fs::write(sd.sandbox_dir("a").join("state.json"), b"{").unwrap();
+        assert!(sd.load("a").is_err());
+        sd.remove("a").unwrap();
+        assert!(sd.ids().is_empty());
+        sd.remove("a").unwrap();
+    }
+}

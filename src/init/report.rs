@@ -1,0 +1,89 @@
+//! The launcher's report channel: one-way, JSON lines over a CLOEXEC pipe
+//! from `sandbox-init` to the daemon.
+//!
+//! Protocol: `{"pid":N}` once the container's init exists (its host PID),
+//! then either `{"step":"...","error":"..."}` when a step failed, or EOF
+//! without an error when `exec` succeeded (the pipe is CLOEXEC, so exec
+//! closes it).
+
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Report {
+    Pid { pid: i32 },
+    Failed { step: String, error: String },
+}
+
+/// The writing end, owned by the launcher.
+pub struct Reporter {
+    fd: Option<OwnedFd>,
+}
+
+impl Reporter {
+    /// Takes ownership of `fd` (inherited from the daemon).
+    ///
+    /// # Safety
+    /// `fd` must be an open file descriptor that nothing else owns.
+    pub unsafe fn from_raw(fd: RawFd) -> Reporter {
+        // SAFETY: guaranteed by the caller.
+        Reporter {
+            fd: Some(unsafe { OwnedFd::from_raw_fd(fd) }),
+        }
+    }
+
+    /// A reporter that discards everything (used when run by hand).
+    pub fn none() -> Reporter {
+        Reporter { fd: None }
+    }
+
+    pub fn send(&self, r: &Report) {
+        if let Some(fd) = &self.fd {
+            let mut line = serde_json::to_vec(r).unwrap_or_default();
+            line.push(b'\n');
+            // One write of a short line to a pipe is atomic (< PIPE_BUF).
+            let _ = std::fs::File::from(fd.try_clone().expect("dup report fd")).write_all(&line);
+        }
+        if let Report::Failed { step, error } = r {
+            eprintln!("sandbox-init: {step}: {error}");
+        }
+    }
+}
+
+/// Parses everything the daemon read from the channel.
+pub fn parse(text: &str) -> Vec<Report> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let lines = format!(
+            "{}\n{}\n",
+            serde_json::to_string(&Report::Pid { pid: 42 }).unwrap(),
+            serde_json::to_string(&Report::Failed {
+                step: "pivot_root".into(),
+                error: "EINVAL".into()
+            })
+            .unwrap()
+        );
+        assert_eq!(
+            parse(&lines),
+            vec![
+                Report::Pid { pid: 42 },
+                Report::Failed {
+                    step: "pivot_root".into(),
+                    error: "EINVAL".into()
+                }
+            ]
+        );
+    }
+}
