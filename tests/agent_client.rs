@@ -7,6 +7,7 @@
 //! `${SANDBOXD_TEST_VENV:-<repo>/target/test-venv}`. Without it the test
 //! fails when `CI` is set and is skipped (loudly) otherwise.
 
+#[path = "agent_support/mod.rs"]
 mod agent_support;
 
 use std::path::PathBuf;

@@ -38,7 +38,7 @@ pub const TIMEOUT_EXIT_CODE: i32 = 124;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
-    #[error("exec_dir does not exist or is not a directory: {path}")]
+    #[error("exec_dir does not exist or is not a usable directory: {path}")]
     NoSuchDir { path: PathBuf },
     #[error("creating the output pipe: {0}")]
     Pipe(#[source] std::io::Error),
@@ -198,7 +198,10 @@ impl Exec {
             return Ok(self.base.cwd.clone());
         };
         let dir = self.base.resolve(raw);
-        if dir.is_dir() {
+        // Searchable too: a chdir failing inside spawn is a 500, not a fallback.
+        let usable =
+            dir.is_dir() && nix::unistd::access(&dir, nix::unistd::AccessFlags::X_OK).is_ok();
+        if usable {
             Ok(dir)
         } else if req.strict.unwrap_or(false) {
             Err(ExecError::NoSuchDir { path: dir })

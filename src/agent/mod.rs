@@ -9,7 +9,8 @@
 //! mapping, [`request`] body/query decoding, [`exec`] + [`output`] commands,
 //! [`reaper`] the single `waitpid` caller, [`files`] read/write, [`editor`]
 //! str_replace_editor, [`listing`] list/find, [`transfer`] upload/download,
-//! [`context`] `GET /v1/sandbox`, [`paths`] path resolution.
+//! [`context`] `GET /v1/sandbox`, [`paths`] path resolution, [`shutdown`]
+//! which SIGTERMs stop the agent.
 //!
 //! Must not: use tokio::process or any other `wait` (the reaper owns it),
 //! log request contents (commands and files may hold secrets).
@@ -25,6 +26,7 @@ pub mod paths;
 pub mod reaper;
 pub mod request;
 pub mod routes;
+pub mod shutdown;
 pub mod transfer;
 
 use std::convert::Infallible;
@@ -39,13 +41,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use tokio::net::TcpListener;
-use tokio::signal::unix::{signal, SignalKind};
 
 use self::editor::Editor;
 use self::exec::{Exec, ExecConfig};
 use self::paths::PathBase;
 use self::reaper::{Reaper, ReaperError};
 use self::routes::Routes;
+use self::shutdown::{ShutdownError, TermSignal};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -59,8 +61,8 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
-    #[error("installing the SIGTERM handler: {0}")]
-    Signal(#[source] std::io::Error),
+    #[error(transparent)]
+    Shutdown(#[from] ShutdownError),
     #[error(transparent)]
     Reaper(#[from] ReaperError),
 }
@@ -91,6 +93,24 @@ pub fn adopt_ready_fd(fd: RawFd) -> Result<OwnedFd, AgentError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Marks every inherited descriptor above stderr close-on-exec, so commands
+/// start with exactly stdin, stdout and stderr whatever the agent was
+/// started with. Call from `main` while single-threaded.
+pub fn seal_inherited_fds() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    // The directory's own fd is closed by now; the rest only get a flag.
+    for fd in fds {
+        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+}
+
 /// The shell used for exec: bash when present, else sh.
 pub fn find_shell() -> PathBuf {
     ["/bin/bash", "/usr/bin/bash"]
@@ -117,11 +137,11 @@ fn signal_ready(fd: OwnedFd) -> Result<(), AgentError> {
     // Dropping `file` closes the fd: the daemon sees the byte, then EOF.
 }
 
-/// Runs the agent until SIGTERM.
+/// Runs the agent until a SIGTERM that should stop it (see [`shutdown`]).
 pub async fn serve(config: AgentConfig) -> Result<(), AgentError> {
     // The reaper first: it must see every child from the very first one.
     let reaper = Reaper::start()?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
+    let mut sigterm = TermSignal::install()?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| AgentError::Bind {
@@ -166,7 +186,7 @@ pub async fn serve(config: AgentConfig) -> Result<(), AgentError> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            _ = sigterm.recv() => break,
+            _ = sigterm.stopping() => break,
         }
     }
     tracing::info!("SIGTERM: stopping children and exiting");

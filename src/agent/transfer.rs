@@ -233,15 +233,21 @@ pub async fn download(base: &PathBase, raw: &str) -> Result<Response<AgentBody>,
     let file = tokio::fs::File::open(&path)
         .await
         .map_err(io_err("open", &path))?;
-    let stream = futures_util::stream::unfold(file, |mut file| async move {
+    // Regular files are sent with their length (and never past it, should
+    // the file grow meanwhile); others (procfs, devices) chunked to EOF.
+    let length = (meta.is_file() && meta.len() > 0).then_some(meta.len());
+    let file = file.take(length.unwrap_or(u64::MAX));
+    let stream = futures_util::stream::unfold(Some(file), |state| async move {
+        let mut file = state?;
         let mut buf = vec![0u8; DOWNLOAD_CHUNK];
         match file.read(&mut buf).await {
             Ok(0) => None,
             Ok(n) => {
                 buf.truncate(n);
-                Some((Ok(Frame::data(Bytes::from(buf))), file))
+                Some((Ok(Frame::data(Bytes::from(buf))), Some(file)))
             }
-            Err(e) => Some((Err(e), file)),
+            // Headers are out: report the error once, then end the stream.
+            Err(e) => Some((Err(e), None)),
         }
     });
     let mut resp = Response::new(StreamBody::new(stream.boxed()).boxed_unsync());
@@ -250,10 +256,9 @@ pub async fn download(base: &PathBase, raw: &str) -> Result<Response<AgentBody>,
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/octet-stream"),
     );
-    headers.insert(
-        header::CONTENT_LENGTH,
-        header::HeaderValue::from(meta.len()),
-    );
+    if let Some(len) = length {
+        headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
+    }
     if let Ok(v) = header::HeaderValue::from_str(&disposition(&path)) {
         headers.insert(header::CONTENT_DISPOSITION, v);
     }

@@ -43,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         }
         Err(_) => None,
     };
+    agent::seal_inherited_fds();
     let args = Args::parse();
     if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds < 180.0) {
         bail!(

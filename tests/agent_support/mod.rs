@@ -52,11 +52,24 @@ impl Agent {
     /// Starts an agent with umask 077 (as in a sandbox) and extra `env`,
     /// asserting the readiness byte arrives and the pipe is then closed.
     pub fn start(env: &[(&str, &str)]) -> Agent {
+        Self::start_wrapped(&[], env)
+    }
+
+    /// Like [`Agent::start`], run through `wrapper` (e.g. `unshare ...`).
+    pub fn start_wrapped(wrapper: &[&str], env: &[(&str, &str)]) -> Agent {
         let root = tempfile::tempdir().unwrap();
         let port = free_port();
         let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
         let ready_w_raw = ready_w.as_raw_fd();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"));
+        let agent_bin = env!("CARGO_BIN_EXE_sandbox-agent");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(agent_bin);
+                c
+            }
+            None => Command::new(agent_bin),
+        };
         cmd.arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .current_dir(root.path())
@@ -80,22 +93,37 @@ impl Agent {
         let child = cmd.spawn().expect("spawn sandbox-agent");
         drop(ready_w);
         let agent = Agent { child, port, root };
-        agent.expect_ready(ready_r);
+        agent.expect_ready(ready_r, wrapper.is_empty());
         agent
     }
 
-    fn expect_ready(&self, ready_r: OwnedFd) {
+    /// One readiness byte must arrive; unless a wrapper process still
+    /// holds the pipe, EOF must follow (the agent closed its end).
+    fn expect_ready(&self, ready_r: OwnedFd, expect_eof: bool) {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut file = std::fs::File::from(ready_r);
             let mut buf = Vec::new();
-            let _ = tx.send(file.read_to_end(&mut buf).map(|_| buf));
+            let first = (&mut file).take(1).read_to_end(&mut buf);
+            let _ = tx.send(first.map(|_| buf.clone()));
+            if expect_eof {
+                let rest = file.read_to_end(&mut buf).map(|_| buf);
+                let _ = tx.send(rest);
+            }
         });
-        let buf = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("readiness byte and EOF from the agent within 20 s")
-            .unwrap();
-        assert_eq!(buf.len(), 1, "exactly one readiness byte, then EOF");
+        let wait = |what: &str| {
+            rx.recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("{what} from the agent within 20 s"))
+                .unwrap()
+        };
+        assert_eq!(wait("readiness byte").len(), 1, "one readiness byte");
+        if expect_eof {
+            assert_eq!(
+                wait("EOF after the readiness byte").len(),
+                1,
+                "exactly one byte, then EOF"
+            );
+        }
         // Listening already: a connect must succeed at once.
         TcpStream::connect(("127.0.0.1", self.port)).expect("agent listening after the ready byte");
     }
