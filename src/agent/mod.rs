@@ -1,1 +1,196 @@
-//! (being written)
+//! `sandbox-agent`: the in-sandbox HTTP server and PID 1 of every sandbox.
+//!
+//! Serves the contract in `spec/agent-api.md` (shell exec, file read/write/
+//! list/find/edit, streamed upload/download, context) on a loopback address,
+//! reaps every orphan of the pid namespace, and on SIGTERM forwards the
+//! signal to its children, waits briefly and exits cleanly.
+//!
+//! Layout: [`routes`] dispatch, [`envelope`] response shape and status
+//! mapping, [`request`] body/query decoding, [`exec`] + [`output`] commands,
+//! [`reaper`] the single `waitpid` caller, [`files`] read/write, [`editor`]
+//! str_replace_editor, [`listing`] list/find, [`transfer`] upload/download,
+//! [`context`] `GET /v1/sandbox`, [`paths`] path resolution, [`shutdown`]
+//! which SIGTERMs stop the agent.
+//!
+//! Must not: use tokio::process or any other `wait` (the reaper owns it),
+//! log request contents (commands and files may hold secrets).
+
+pub mod context;
+pub mod editor;
+pub mod envelope;
+pub mod exec;
+pub mod files;
+pub mod listing;
+pub mod output;
+pub mod paths;
+pub mod reaper;
+pub mod request;
+pub mod routes;
+pub mod shutdown;
+pub mod transfer;
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use tokio::net::TcpListener;
+
+use self::editor::Editor;
+use self::exec::{Exec, ExecConfig};
+use self::paths::PathBase;
+use self::reaper::{Reaper, ReaperError};
+use self::routes::Routes;
+use self::shutdown::{ShutdownError, TermSignal};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("readiness fd {fd} is not an open file descriptor")]
+    ReadyFd { fd: RawFd },
+    #[error("writing the readiness byte: {0}")]
+    Ready(#[source] std::io::Error),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Shutdown(#[from] ShutdownError),
+    #[error(transparent)]
+    Reaper(#[from] ReaperError),
+}
+
+/// Everything the agent needs to run.
+#[derive(Debug)]
+pub struct AgentConfig {
+    pub listen: SocketAddr,
+    /// Written one byte and closed once listening (`SANDBOX_AGENT_READY_FD`).
+    pub ready_fd: Option<OwnedFd>,
+    pub exec: ExecConfig,
+    pub base: PathBase,
+    /// How long children get between SIGTERM and SIGKILL at shutdown.
+    pub term_grace: Duration,
+}
+
+/// Takes ownership of the inherited readiness fd `fd` and marks it
+/// close-on-exec so no command inherits it. Call before any thread that
+/// might open files exists (i.e. from `main`).
+pub fn adopt_ready_fd(fd: RawFd) -> Result<OwnedFd, AgentError> {
+    if fd < 0 || fcntl(fd, FcntlArg::F_GETFD).is_err() {
+        return Err(AgentError::ReadyFd { fd });
+    }
+    let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    // SAFETY: `fd` is open (checked above) and was handed to this process by
+    // its parent for this sole purpose; nothing else in the agent refers to
+    // it, so the returned OwnedFd is its only owner and closes it once.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Marks every inherited descriptor above stderr close-on-exec, so commands
+/// start with exactly stdin, stdout and stderr whatever the agent was
+/// started with. Call from `main` while single-threaded.
+pub fn seal_inherited_fds() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    // The directory's own fd is closed by now; the rest only get a flag.
+    for fd in fds {
+        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+}
+
+/// The shell used for exec: bash when present, else sh.
+pub fn find_shell() -> PathBuf {
+    ["/bin/bash", "/usr/bin/bash"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .or_else(|| context::which("bash"))
+        .unwrap_or_else(|| PathBuf::from("/bin/sh"))
+}
+
+/// The working directory and home the agent resolves paths against.
+pub fn path_base() -> PathBase {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cwd.clone());
+    PathBase { cwd, home }
+}
+
+fn signal_ready(fd: OwnedFd) -> Result<(), AgentError> {
+    let mut file = std::fs::File::from(fd);
+    file.write_all(b"1").map_err(AgentError::Ready)
+    // Dropping `file` closes the fd: the daemon sees the byte, then EOF.
+}
+
+/// Runs the agent until a SIGTERM that should stop it (see [`shutdown`]).
+pub async fn serve(config: AgentConfig) -> Result<(), AgentError> {
+    // The reaper first: it must see every child from the very first one.
+    let reaper = Reaper::start()?;
+    let mut sigterm = TermSignal::install()?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| AgentError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(config.listen);
+    if let Some(fd) = config.ready_fd {
+        signal_ready(fd)?;
+    }
+    tracing::info!(addr = %local, pid = std::process::id(), "sandbox-agent listening");
+
+    let routes = Arc::new(Routes {
+        exec: Exec {
+            config: config.exec,
+            reaper: Arc::clone(&reaper),
+            base: config.base.clone(),
+        },
+        editor: Editor::default(),
+        base: config.base,
+    });
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    let routes = Arc::clone(&routes);
+                    tokio::spawn(async move {
+                        let service = service_fn(move |req| {
+                            let routes = Arc::clone(&routes);
+                            async move { Ok::<_, Infallible>(routes.handle(req).await) }
+                        });
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service);
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = sigterm.stopping() => break,
+        }
+    }
+    tracing::info!("SIGTERM: stopping children and exiting");
+    drop(listener);
+    reaper.terminate_all(config.term_grace).await;
+    Ok(())
+}

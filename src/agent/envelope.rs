@@ -1,0 +1,211 @@
+//! The response envelope `{"success", "message", "data"}` and the one place
+//! where errors crossing the HTTP boundary become status codes.
+//!
+//! Owns: [`ApiError`] (status + message), the `From` impls that map every
+//! module's error enum to a status, and the body type every route returns.
+//! Must not know about routes or request shapes.
+
+use bytes::Bytes;
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
+use hyper::{header, Response, StatusCode};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::exec::ExecError;
+use super::files::FileError;
+use super::listing::ListingError;
+use super::request::RequestError;
+use super::transfer::TransferError;
+
+/// The body type of every response the agent sends.
+pub type AgentBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// An error on its way to the client: a non-2xx status and a message.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+        }
+    }
+
+    /// Maps an I/O error on `what` to 404 (missing), or 500.
+    pub fn from_io(err: &std::io::Error, what: &str) -> Self {
+        match (err.kind(), err.raw_os_error()) {
+            (std::io::ErrorKind::NotFound, _) => {
+                Self::not_found(format!("no such file or directory: {what}"))
+            }
+            (_, Some(libc::ENOTDIR)) => Self::bad_request(format!("not a directory: {what}")),
+            (_, Some(libc::EISDIR)) => Self::bad_request(format!("is a directory: {what}")),
+            (std::io::ErrorKind::InvalidInput, _) => Self::bad_request(format!("{what}: {err}")),
+            _ => Self::internal(format!("{what}: {err}")),
+        }
+    }
+
+    /// The error response: non-2xx, `success:false`, `data:null`.
+    pub fn into_response(self) -> Response<AgentBody> {
+        let body = json!({"success": false, "message": self.message, "data": Value::Null});
+        json_response(self.status, &body)
+    }
+}
+
+impl From<RequestError> for ApiError {
+    fn from(err: RequestError) -> Self {
+        match err {
+            RequestError::ReadBody(_) => Self::bad_request(err.to_string()),
+            RequestError::TooLarge { .. } => Self {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: err.to_string(),
+            },
+            RequestError::Json(_) | RequestError::Query(_) => Self::bad_request(err.to_string()),
+        }
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(err: FileError) -> Self {
+        match &err {
+            FileError::Io { source, path, .. } => {
+                let mut api = Self::from_io(source, &path.display().to_string());
+                api.message = err.to_string();
+                api
+            }
+            FileError::NotUtf8 { .. }
+            | FileError::IsDirectory { .. }
+            | FileError::Base64(_)
+            | FileError::OldStrNotFound { .. }
+            | FileError::OldStrNotUnique { .. }
+            | FileError::MissingField { .. }
+            | FileError::UnsupportedCommand { .. }
+            | FileError::InvalidLine { .. } => Self::bad_request(err.to_string()),
+            FileError::NoHistory { .. } => Self::bad_request(err.to_string()),
+        }
+    }
+}
+
+impl From<ListingError> for ApiError {
+    fn from(err: ListingError) -> Self {
+        match &err {
+            ListingError::Io { source, .. } => {
+                let mut api = Self::from_io(source, "");
+                api.message = err.to_string();
+                api
+            }
+            ListingError::NotADirectory { .. } | ListingError::Pattern(_) => {
+                Self::bad_request(err.to_string())
+            }
+        }
+    }
+}
+
+impl From<TransferError> for ApiError {
+    fn from(err: TransferError) -> Self {
+        match &err {
+            TransferError::Io { source, .. } => {
+                let mut api = Self::from_io(source, "");
+                api.message = err.to_string();
+                api
+            }
+            TransferError::IsDirectory { .. }
+            | TransferError::MissingPath
+            | TransferError::MissingFile
+            | TransferError::Multipart(_) => Self::bad_request(err.to_string()),
+        }
+    }
+}
+
+impl From<ExecError> for ApiError {
+    fn from(err: ExecError) -> Self {
+        match &err {
+            ExecError::NoSuchDir { .. } => Self::bad_request(err.to_string()),
+            ExecError::Pipe(_) | ExecError::Spawn(_) => Self::internal(err.to_string()),
+        }
+    }
+}
+
+/// A 200 envelope carrying `data`.
+pub fn ok<T: Serialize>(message: &str, data: &T) -> Response<AgentBody> {
+    let body = json!({"success": true, "message": message, "data": data});
+    json_response(StatusCode::OK, &body)
+}
+
+/// Serializes `body` as the JSON response with `status`.
+pub fn json_response(status: StatusCode, body: &Value) -> Response<AgentBody> {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut resp = Response::new(full(Bytes::from(bytes)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A body from bytes already in memory.
+pub fn full(bytes: Bytes) -> AgentBody {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// Result of a route handler: a response, or an error to wrap.
+pub type RouteResult = Result<Response<AgentBody>, ApiError>;
+
+/// Unwraps a handler result into the response to send.
+pub fn finish(result: RouteResult) -> Response<AgentBody> {
+    result.unwrap_or_else(ApiError::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_json(resp: Response<AgentBody>) -> Value {
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn errors_are_non_2xx_with_null_data() {
+        let resp = ApiError::not_found("gone").into_response();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        let v = body_json(resp).await;
+        assert_eq!(
+            v,
+            json!({"success": false, "message": "gone", "data": null})
+        );
+    }
+
+    #[test]
+    fn io_errors_map_to_status() {
+        let nf = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(ApiError::from_io(&nf, "x").status, StatusCode::NOT_FOUND);
+        let dir = std::io::Error::from_raw_os_error(libc::EISDIR);
+        assert_eq!(ApiError::from_io(&dir, "x").status, StatusCode::BAD_REQUEST);
+        let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(
+            ApiError::from_io(&other, "x").status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+}

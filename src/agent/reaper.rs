@@ -1,0 +1,187 @@
+//! PID-1 duties: the one place that calls `waitpid`.
+//!
+//! The agent is PID 1 of its pid namespace, so every orphan in the sandbox is
+//! re-parented to it and must be reaped. A global `waitpid(-1)` loop would
+//! steal exit statuses from anything else that waits on its own children
+//! (tokio::process, `Child::wait`), so nothing else in the agent waits: exec
+//! children are spawned through [`Reaper::spawn`], which registers a waiter
+//! for the pid while holding the waiter map's lock, and the reaper task
+//! (driven by SIGCHLD plus a slow safety tick) reaps every exited child and
+//! hands registered pids their status. Orphans' statuses are dropped.
+//!
+//! When the agent is not PID 1 (tests, or a runtime that runs it under an
+//! init), it makes itself a child subreaper so orphans still come to it.
+//!
+//! Owns: the waiter map, SIGCHLD handling, forwarding termination to
+//! children. Must not read or write child output.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::oneshot;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReaperError {
+    #[error("becoming a child subreaper: {0}")]
+    Subreaper(#[source] Errno),
+    #[error("installing the SIGCHLD handler: {0}")]
+    SignalHandler(#[source] std::io::Error),
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildExit {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl ChildExit {
+    /// The shell convention: the exit code, or 128 + signal number.
+    pub fn code(self) -> i32 {
+        match self {
+            ChildExit::Exited(code) => code,
+            ChildExit::Signaled(sig) => 128 + sig,
+        }
+    }
+}
+
+/// Receives the exit of one spawned child.
+pub type ExitReceiver = oneshot::Receiver<ChildExit>;
+
+/// The central reaper. Cheap to share (`Arc`).
+#[derive(Debug, Default)]
+pub struct Reaper {
+    waiters: Mutex<HashMap<i32, oneshot::Sender<ChildExit>>>,
+}
+
+impl Reaper {
+    /// Becomes a subreaper when not PID 1, installs the SIGCHLD handler and
+    /// starts the reaping task. Must be called inside the tokio runtime and
+    /// before any child is spawned.
+    pub fn start() -> Result<Arc<Self>, ReaperError> {
+        if std::process::id() != 1 {
+            nix::sys::prctl::set_child_subreaper(true).map_err(ReaperError::Subreaper)?;
+        }
+        let mut sigchld = signal(SignalKind::child()).map_err(ReaperError::SignalHandler)?;
+        let reaper = Arc::new(Self::default());
+        let task_reaper = Arc::clone(&reaper);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                tokio::select! {
+                    _ = sigchld.recv() => {}
+                    _ = tick.tick() => {}
+                }
+                task_reaper.reap_all();
+            }
+        });
+        Ok(reaper)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<i32, oneshot::Sender<ChildExit>>> {
+        self.waiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Spawns `cmd` and registers a waiter for it before the reaper can see
+    /// its exit: the map lock is held across the spawn, and the reaper takes
+    /// it before dispatching a status. The `Child` handle is dropped without
+    /// waiting (dropping never waits or kills).
+    pub fn spawn(&self, cmd: &mut Command) -> std::io::Result<(i32, ExitReceiver)> {
+        let mut waiters = self.lock();
+        let child = cmd.spawn()?;
+        let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+        let (tx, rx) = oneshot::channel();
+        waiters.insert(pid, tx);
+        drop(waiters);
+        drop(child);
+        Ok((pid, rx))
+    }
+
+    /// Reaps every exited child without blocking.
+    pub fn reap_all(&self) {
+        loop {
+            let (pid, exit) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, ChildExit::Exited(code)),
+                Ok(WaitStatus::Signaled(pid, sig, _core)) => (pid, ChildExit::Signaled(sig as i32)),
+                Ok(WaitStatus::StillAlive) => return,
+                Ok(_) => continue,
+                Err(Errno::EINTR) => continue,
+                Err(_) => return, // ECHILD: no children at all
+            };
+            match self.lock().remove(&pid.as_raw()) {
+                Some(tx) => {
+                    let _ = tx.send(exit);
+                }
+                None => tracing::debug!(pid = pid.as_raw(), "reaped orphan"),
+            }
+        }
+    }
+
+    /// Pids of spawned children that have not exited yet.
+    pub fn live_children(&self) -> Vec<i32> {
+        self.lock().keys().copied().collect()
+    }
+
+    /// Forwards `SIGTERM` to every child's process group (and, as PID 1, to
+    /// every process in the namespace), waits up to `grace` for the spawned
+    /// children to exit, then `SIGKILL`s what is left.
+    pub async fn terminate_all(&self, grace: Duration) {
+        self.signal_everyone(Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while !self.live_children().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.reap_all();
+        }
+        self.signal_everyone(Signal::SIGKILL);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        self.reap_all();
+    }
+
+    fn signal_everyone(&self, sig: Signal) {
+        for pid in self.live_children() {
+            let _ = kill_group(pid, sig);
+        }
+        if std::process::id() == 1 {
+            // As init, -1 reaches every process of the pid namespace (never
+            // init itself). Outside PID 1 this would reach the whole host's
+            // processes of this uid, so it is guarded.
+            let _ = kill(Pid::from_raw(-1), sig);
+        }
+    }
+}
+
+/// Sends `sig` to the process group led by `pgid`.
+pub fn kill_group(pgid: i32, sig: Signal) -> Result<(), Errno> {
+    if pgid <= 1 {
+        return Err(Errno::EINVAL);
+    }
+    kill(Pid::from_raw(-pgid), sig)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        assert_eq!(ChildExit::Exited(3).code(), 3);
+        assert_eq!(ChildExit::Signaled(9).code(), 137);
+        assert_eq!(ChildExit::Signaled(15).code(), 143);
+    }
+
+    #[test]
+    fn refuses_to_signal_init_or_everyone() {
+        assert_eq!(kill_group(1, Signal::SIGTERM), Err(Errno::EINVAL));
+        assert_eq!(kill_group(0, Signal::SIGTERM), Err(Errno::EINVAL));
+        assert_eq!(kill_group(-1, Signal::SIGTERM), Err(Errno::EINVAL));
+    }
+}
