@@ -190,3 +190,118 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
 pub fn create_body(id: &str, thread: &str, uid: &str) -> serde_json::Value {
     serde_json::json!({"sandbox_id": id, "thread_id": thread, "uid": uid})
 }
+
+/// True when privileged tests can run; prints a loud reason otherwise (and
+/// fails under CI, which runs as root).
+pub fn privileged(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    let msg = format!("{test}: needs root (namespaces, mounts, cgroups)");
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}; CI runs as root, so this is a failure");
+    }
+    eprintln!("\n*** SKIPPED {msg} ***\n");
+    false
+}
+
+/// Host directories of a native-backend daemon under test.
+pub struct NativeDirs {
+    pub root: tempfile::TempDir,
+}
+
+impl NativeDirs {
+    pub fn new() -> NativeDirs {
+        let root = tempfile::Builder::new()
+            .prefix("sandboxd-test-")
+            .tempdir()
+            .unwrap();
+        NativeDirs { root }
+    }
+    pub fn user_data(&self) -> std::path::PathBuf {
+        self.root.path().join("user-data")
+    }
+    pub fn skills(&self) -> std::path::PathBuf {
+        self.root.path().join("skills")
+    }
+    pub fn workspace(&self, uid: &str) -> std::path::PathBuf {
+        self.user_data().join("shared").join(uid).join("workspace")
+    }
+}
+
+impl Default for NativeDirs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Daemon {
+    /// Starts the daemon with the native backend over `dirs`.
+    pub fn start_native(dirs: &NativeDirs, env: &[(&str, &str)]) -> Daemon {
+        let ud = dirs.user_data().to_string_lossy().to_string();
+        let sk = dirs.skills().to_string_lossy().to_string();
+        let mut all = vec![
+            ("PROVISIONER_BACKEND", "native"),
+            ("SANDBOXD_USER_DATA_ROOT", ud.as_str()),
+            ("SANDBOXD_SKILLS_ROOT", sk.as_str()),
+            ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "30"),
+        ];
+        all.extend_from_slice(env);
+        Daemon::start(&all, &[])
+    }
+
+    /// Creates a sandbox; returns (status, body).
+    pub async fn create(&self, body: serde_json::Value) -> (u16, serde_json::Value) {
+        self.json("POST", "/api/sandboxes", Some(body)).await
+    }
+
+    /// Runs `cmd` in sandbox `id` through the proxy; returns
+    /// (output, exit_code).
+    pub async fn exec(&self, id: &str, cmd: &str) -> (String, i64) {
+        let (s, v) = self
+            .json(
+                "POST",
+                &format!("/api/sandboxes/{id}/proxy/v1/shell/exec"),
+                Some(serde_json::json!({ "command": cmd, "timeout": 60 })),
+            )
+            .await;
+        assert_eq!(s, 200, "exec {cmd:?} in {id}: {v}");
+        (
+            v["data"]["output"].as_str().unwrap_or_default().to_string(),
+            v["data"]["exit_code"].as_i64().unwrap_or(-1),
+        )
+    }
+}
+
+/// Creates `path` (and missing parents) owned by the sandbox user, as the
+/// platform would have made a user's project directories.
+pub fn mkdir_user(path: &std::path::Path) {
+    let mut missing = Vec::new();
+    let mut p = path.to_path_buf();
+    while !p.exists() {
+        missing.push(p.clone());
+        if !p.pop() {
+            break;
+        }
+    }
+    std::fs::create_dir_all(path).unwrap();
+    for m in missing {
+        std::os::unix::fs::chown(&m, Some(1000), Some(1000)).unwrap();
+    }
+}
+
+/// Processes whose parent is `daemon_pid` (sandbox PID 1s are re-parented
+/// to the daemon, a subreaper).
+pub fn children_of(daemon_pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok())
+                == Some(daemon_pid)
+        })
+        .count()
+}

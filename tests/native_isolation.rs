@@ -1,0 +1,188 @@
+//! What a sandbox can and cannot do, checked from inside (privileged), and
+//! leak checks over many create/delete cycles.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{privileged, Daemon, NativeDirs};
+use serde_json::json;
+
+#[tokio::test]
+async fn isolation_seen_from_inside() {
+    if !privileged("isolation_seen_from_inside") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let (s, v) = d
+        .create(json!({"sandbox_id":"iso","thread_id":"t","uid":"u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+
+    let (out, _) = d.exec("iso", "id -u; id -g; id -G").await;
+    assert_eq!(out, "1000\n1000\n1000\n");
+    let (out, _) = d
+        .exec("iso", "grep -E '^(CapEff|CapPrm|CapBnd|CapInh|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status")
+        .await;
+    for cap in ["CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"] {
+        assert!(
+            out.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap} not zero:\n{out}"
+        );
+    }
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+
+    // Only loopback.
+    let (out, _) = d
+        .exec("iso", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        .await;
+    assert_eq!(out, "lo\n");
+    let (out, _) = d.exec("iso", "command -v ip >/dev/null && ip -o link | cut -d: -f2 | tr -d ' ' || echo lo").await;
+    assert_eq!(out, "lo\n");
+
+    // A TCP server on the host's loopback is unreachable.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (out, code) = d
+        .exec("iso", &format!("timeout 5 bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>&1; echo rc=$?"))
+        .await;
+    assert!(!out.contains("rc=0"), "connected to the host: {out} {code}");
+    assert!(listener.accept().is_err(), "the host server saw a connection");
+    // The daemon's API is unreachable too.
+    let (out, _) = d
+        .exec("iso", &format!("timeout 5 bash -c 'echo > /dev/tcp/127.0.0.1/{}' 2>&1; echo rc=$?", d.addr.port()))
+        .await;
+    assert!(!out.contains("rc=0"), "{out}");
+
+    // No host PIDs.
+    let (out, _) = d.exec("iso", "ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '").await;
+    let pids: Vec<u32> = out.split_whitespace().map(|p| p.parse().unwrap()).collect();
+    assert!(pids.contains(&1), "{out}");
+    assert!(!pids.contains(&d.pid()), "daemon PID visible: {out}");
+    assert!(pids.len() < 20, "too many PIDs visible: {out}");
+    let (out, _) = d.exec("iso", "cat /proc/1/cmdline | tr '\\0' ' '").await;
+    assert!(out.starts_with("/.sandboxd/sandbox-agent"), "{out}");
+
+    // Read-only system, writable home and tmp.
+    let (out, _) = d
+        .exec("iso", "for p in /usr/x /etc/x /etc/passwd /x /.sandboxd/x; do (echo > $p) 2>/dev/null && echo wrote $p; done; echo > /tmp/ok && echo > /home/gem/ok && echo fine")
+        .await;
+    assert_eq!(out, "fine\n");
+    let (out, _) = d.exec("iso", "grep -c ^gem: /etc/passwd; hostname").await;
+    assert_eq!(out, "1\nsbx-iso\n");
+
+    // Masked /proc files: unreadable inside when the host has them.
+    for p in ["/proc/kcore", "/proc/sysrq-trigger", "/proc/timer_list", "/proc/keys"] {
+        let on_host = std::path::Path::new(p).exists();
+        // Masked files are /dev/null binds: empty to read, writes vanish.
+        let (out, _) = d.exec("iso", &format!("head -c 64 {p} 2>/dev/null | wc -c")).await;
+        assert_eq!(out, "0\n", "{p} readable inside: {out}");
+        if !on_host {
+            eprintln!("note: {p} does not exist on this host's kernel; checked empty inside");
+        }
+    }
+    let (out, _) = d.exec("iso", "echo 1 > /proc/sys/kernel/domainname 2>&1; echo rc=$?").await;
+    assert!(out.contains("rc=1"), "{out}");
+}
+
+/// Everything a sandbox could leak on the host.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot {
+    agents: usize,
+    mounts: BTreeSet<String>,
+    net_namespaces: BTreeSet<String>,
+    state_dirs: BTreeSet<String>,
+    cgroups: BTreeSet<String>,
+}
+
+/// What belongs to the daemon `daemon_pid` with state under `state` (other
+/// tests run concurrently, so only this daemon's objects are counted).
+fn snapshot(daemon_pid: u32, state: &std::path::Path, prefix: &str) -> Snapshot {
+    let mut agents = 0;
+    let mut nets = BTreeSet::new();
+    for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let ppid: Option<u32> = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok());
+        if ppid != Some(daemon_pid) {
+            continue;
+        }
+        agents += 1;
+        if let Ok(l) = std::fs::read_link(e.path().join("ns/net")) {
+            nets.insert(l.to_string_lossy().to_string());
+        }
+    }
+    let root = state.to_string_lossy().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().nth(4).unwrap_or("").to_string())
+        .filter(|m| m.starts_with(&root) || m.contains("sandboxd"))
+        .collect();
+    let list = |p: &std::path::Path| -> BTreeSet<String> {
+        std::fs::read_dir(p)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.path().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut cgroups = BTreeSet::new();
+    for c in ["memory", "pids", "cpu", "unified"] {
+        cgroups.extend(
+            list(&std::path::Path::new("/sys/fs/cgroup").join(c).join("sandboxd"))
+                .into_iter()
+                .filter(|p| p.rsplit('/').next().unwrap_or("").starts_with(prefix)),
+        );
+    }
+    Snapshot {
+        agents,
+        mounts,
+        net_namespaces: nets,
+        state_dirs: list(&state.join("sandboxes")),
+        cgroups,
+    }
+}
+
+#[tokio::test]
+async fn fifty_create_delete_cycles_leak_nothing() {
+    if !privileged("fifty_create_delete_cycles_leak_nothing") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    common::mkdir_user(&dirs.workspace("u1").join("p"));
+    let before = snapshot(d.pid(), d.state_dir.path(), "cycle");
+    for i in 0..50 {
+        let id = format!("cycle{}", i % 3);
+        let (s, v) = d
+            .create(json!({"sandbox_id": id, "thread_id": format!("t{i}"), "uid":"u1", "workdir_path":"p"}))
+            .await;
+        assert_eq!(s, 200, "cycle {i}: {v}");
+        if i % 10 == 0 {
+            let (out, _) = d.exec(&id, "echo alive").await;
+            assert_eq!(out, "alive\n");
+        }
+        let g = v["generation"].as_str().unwrap();
+        let (s, _) = d
+            .json("DELETE", &format!("/api/sandboxes/{id}?expected_generation={g}"), None)
+            .await;
+        assert_eq!(s, 200);
+    }
+    // Give the kernel a moment to tear down namespaces of exited processes.
+    let mut after = snapshot(d.pid(), d.state_dir.path(), "cycle");
+    for _ in 0..50 {
+        if after == before {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        after = snapshot(d.pid(), d.state_dir.path(), "cycle");
+    }
+    assert_eq!(after, before, "something leaked");
+    assert_eq!(before.agents, 0);
+}
