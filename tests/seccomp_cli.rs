@@ -47,8 +47,17 @@ fn diff_against_docker_we_allow_they_deny_is_empty() {
     assert!(text.contains("we allow, they deny: 0"), "{text}");
     assert_eq!(section(&text, "we allow, they deny:"), ["  (none)"]);
     let stricter = section(&text, "we deny, they allow:").join("\n");
-    for name in ["ptrace", "process_vm_readv", "process_vm_writev", "modify_ldt", "ioctl"] {
-        assert!(stricter.contains(name), "{name} not in 'we deny, they allow':\n{stricter}");
+    for name in [
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "modify_ldt",
+        "ioctl",
+    ] {
+        assert!(
+            stricter.contains(name),
+            "{name} not in 'we deny, they allow':\n{stricter}"
+        );
     }
 }
 
@@ -76,14 +85,20 @@ fn diff_exits_non_zero_when_we_are_looser() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let looser = section(&text, "we allow, they deny:").join("\n");
-    assert!(looser.contains("keyctl") && looser.contains("add_key"), "{text}");
+    assert!(
+        looser.contains("keyctl") && looser.contains("add_key"),
+        "{text}"
+    );
 }
 
 #[test]
 fn check_passes_and_counts_instructions() {
     let (out, text) = sandboxd(&["seccomp", "check"]);
     assert_eq!(out.status.code(), Some(0));
-    assert!(text.contains("filter allow-list (default ENOSYS):"), "{text}");
+    assert!(
+        text.contains("filter allow-list (default ENOSYS):"),
+        "{text}"
+    );
     assert!(text.contains("filter deny (EPERM):"), "{text}");
     assert!(text.contains("0 problem(s)"), "{text}");
 }
@@ -95,7 +110,10 @@ fn table_lists_every_number() {
     let max = sandboxd::seccomp::syscalls::MAX_NR as usize;
     assert_eq!(text.lines().count(), max + 1);
     let ptrace = text.lines().find(|l| l.contains(" ptrace ")).unwrap();
-    assert!(ptrace.contains("EPERM") && ptrace.contains("[debugging]"), "{ptrace}");
+    assert!(
+        ptrace.contains("EPERM") && ptrace.contains("[debugging]"),
+        "{ptrace}"
+    );
 }
 
 #[test]
@@ -128,5 +146,8 @@ fn a_bad_profile_fails_closed_with_file_entry_and_reason() {
 
     let (out, text) = sandboxd(&["seccomp", "check", "--profile", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text.contains("problem: ") && text.contains("no_such_syscall"), "{text}");
+    assert!(
+        text.contains("problem: ") && text.contains("no_such_syscall"),
+        "{text}"
+    );
 }

@@ -31,7 +31,9 @@ fn build_probe(dir: &Path) -> Option<PathBuf> {
     // inside a sandbox whose rootfs has no compiler or matching libc.
     for static_flag in [true, false] {
         let mut c = Command::new("cc");
-        c.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&out).arg(&src);
+        c.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&out)
+            .arg(&src);
         if static_flag {
             c.arg("-static");
         }
@@ -39,7 +41,10 @@ fn build_probe(dir: &Path) -> Option<PathBuf> {
         if o.status.success() {
             return Some(out);
         }
-        eprintln!("cc (static={static_flag}) failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        eprintln!(
+            "cc (static={static_flag}) failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     panic!("the seccomp probe does not compile");
 }
@@ -63,7 +68,12 @@ fn run_probe(probe: &Path, list: &Path, profile: Option<&Path>) -> (Output, Stri
     if let Some(p) = profile {
         c.arg("--profile").arg(p);
     }
-    let o = c.arg("--").arg(probe).arg(list).output().expect("run probe");
+    let o = c
+        .arg("--")
+        .arg(probe)
+        .arg(list)
+        .output()
+        .expect("run probe");
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     println!("{text}");
     eprintln!("{}", String::from_utf8_lossy(&o.stderr));
@@ -92,8 +102,19 @@ fn probe_passes_under_the_default_profile() {
         let line = format!("ok list {}({}) ", e.name, e.nr);
         assert!(text.contains(&line), "no check for {} ({line:?})", e.name);
     }
-    for name in ["ptrace", "mount", "bpf", "io_uring_setup", "keyctl", "unshare", "clone3"] {
-        assert!(text.contains(&format!("ok list {name}(")), "{name} not probed");
+    for name in [
+        "ptrace",
+        "mount",
+        "bpf",
+        "io_uring_setup",
+        "keyctl",
+        "unshare",
+        "clone3",
+    ] {
+        assert!(
+            text.contains(&format!("ok list {name}(")),
+            "{name} not probed"
+        );
     }
 
     // Both sides of every argument rule of the profile were exercised.
@@ -110,7 +131,10 @@ fn probe_passes_under_the_default_profile() {
         );
     }
 
-    let summary = text.lines().find(|l| l.starts_with("summary:")).expect("summary");
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("summary:"))
+        .expect("summary");
     assert!(summary.ends_with(", 0 failures"), "{summary}");
 }
 
@@ -135,7 +159,10 @@ fn probe_notices_a_weaker_profile() {
     let (out, text) = run_probe(&probe, &list, Some(&weak));
     assert_eq!(out.status.code(), Some(1), "probe should have failed");
     assert!(text.contains("FAIL list ptrace(101)"), "{text}");
-    assert!(text.contains("summary:") && text.contains(", 1 failures"), "{text}");
+    assert!(
+        text.contains("summary:") && text.contains(", 1 failures"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -25,7 +25,9 @@ fn have(tool: &str) -> bool {
 /// Runs `script` with bash under the filter in `dir`; returns stdout.
 fn run_filtered(dir: &Path, script: &str) -> String {
     let out = Command::new(SANDBOXD)
-        .args(["seccomp", "run", "--", "bash", "-euo", "pipefail", "-c", script])
+        .args([
+            "seccomp", "run", "--", "bash", "-euo", "pipefail", "-c", script,
+        ])
         .current_dir(dir)
         .output()
         .expect("run sandboxd seccomp run");
@@ -42,7 +44,10 @@ fn run_filtered(dir: &Path, script: &str) -> String {
 #[test]
 fn runs_under_the_filter_at_all() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_filtered(dir.path(), "grep -E '^Seccomp(_filters)?:' /proc/self/status");
+    let out = run_filtered(
+        dir.path(),
+        "grep -E '^Seccomp(_filters)?:' /proc/self/status",
+    );
     assert!(out.contains("Seccomp:\t2"), "{out}");
     assert!(out.contains("Seccomp_filters:\t2"), "{out}");
 }

@@ -78,7 +78,10 @@ pub fn run(cmd: SeccompCmd) -> anyhow::Result<i32> {
                     let (a, why) = (esc(&r.action), esc(&r.rationale));
                     println!("| {} | `{}` | {a} | {why} |", r.nr, r.name);
                 } else {
-                    println!("{:>3}  {:<24} {:<18} {}", r.nr, r.name, r.action, r.rationale);
+                    println!(
+                        "{:>3}  {:<24} {:<18} {}",
+                        r.nr, r.name, r.action, r.rationale
+                    );
                 }
             }
             Ok(0)
@@ -87,7 +90,10 @@ pub fn run(cmd: SeccompCmd) -> anyhow::Result<i32> {
             let (ours, _) = seccomp::load_profile(profile.as_deref())?;
             let (theirs, _) = seccomp::load_profile(Some(&against))?;
             let d = diff::diff(&ours, &theirs)?;
-            println!("# ours: {}\n# theirs: {} (as applied to a container with no capabilities, x86_64)", ours.source, theirs.source);
+            println!(
+                "# ours: {}\n# theirs: {} (as applied to a container with no capabilities, x86_64)",
+                ours.source, theirs.source
+            );
             for (title, lines) in [
                 ("we deny, they allow", &d.we_deny_they_allow),
                 ("we allow, they deny", &d.we_allow_they_deny),
@@ -97,11 +103,22 @@ pub fn run(cmd: SeccompCmd) -> anyhow::Result<i32> {
                     println!("  (none)");
                 }
                 for l in lines.iter() {
-                    let when = l.witness.as_deref().map(|w| format!(" when {w}")).unwrap_or_default();
-                    println!("  {:>3} {:<22} ours {} / theirs {}{when}", l.nr, l.name, l.ours, l.theirs);
+                    let when = l
+                        .witness
+                        .as_deref()
+                        .map(|w| format!(" when {w}"))
+                        .unwrap_or_default();
+                    println!(
+                        "  {:>3} {:<22} ours {} / theirs {}{when}",
+                        l.nr, l.name, l.ours, l.theirs
+                    );
                 }
             }
-            Ok(if d.we_allow_they_deny.is_empty() { 0 } else { 1 })
+            Ok(if d.we_allow_they_deny.is_empty() {
+                0
+            } else {
+                1
+            })
         }
         SeccompCmd::Check { profile } => {
             let (p, _) = seccomp::load_profile(profile.as_deref())?;
@@ -143,5 +160,8 @@ fn exec_under_filter(profile: Option<PathBuf>, cmd: Vec<String>) -> anyhow::Resu
     nix::sys::prctl::set_no_new_privs().context("prctl(PR_SET_NO_NEW_PRIVS)")?;
     seccomp::install(&filters)?;
     let err = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
-    Err(anyhow::anyhow!("exec {:?} under the seccomp filter: {err}", cmd[0]))
+    Err(anyhow::anyhow!(
+        "exec {:?} under the seccomp filter: {err}",
+        cmd[0]
+    ))
 }

@@ -23,7 +23,10 @@ pub struct Evaluator {
 impl Evaluator {
     /// Strict: the profile must compile-check (names, actions, args).
     pub fn new(profile: &Profile) -> Result<Evaluator, SeccompError> {
-        Ok(Self::from_rules(profile.parsed_default()?, resolve(profile)?))
+        Ok(Self::from_rules(
+            profile.parsed_default()?,
+            resolve(profile)?,
+        ))
     }
 
     pub fn from_rules(default: Action, rules: Vec<ResolvedRule>) -> Evaluator {
@@ -118,7 +121,9 @@ pub fn table(profile: &Profile) -> Result<Vec<TableRow>, SeccompError> {
             } else {
                 comments.join(" / ")
             },
-            deliberate_denial: rs.iter().any(|r| !r.action.allows() && r.action != ev.default),
+            deliberate_denial: rs
+                .iter()
+                .any(|r| !r.action.allows() && r.action != ev.default),
         });
     }
     Ok(rows)
@@ -199,14 +204,19 @@ pub fn check(profile: &Profile) -> CheckReport {
             } else {
                 format!("in syscalls[{first}] and syscalls[{}]", r.entry)
             };
-            rep.problems
-                .push(format!("duplicate: {} ({}) listed {at}", r.name, r.action.describe()));
+            rep.problems.push(format!(
+                "duplicate: {} ({}) listed {at}",
+                r.name,
+                r.action.describe()
+            ));
         }
     }
     for (i, e) in profile.syscalls.iter().enumerate() {
         if e.comment.as_deref().unwrap_or("").trim().is_empty() {
-            rep.notes
-                .push(format!("syscalls[{i}] ({}): no comment (rationale)", e.names_list()));
+            rep.notes.push(format!(
+                "syscalls[{i}] ({}): no comment (rationale)",
+                e.names_list()
+            ));
         }
         if let Ok(a) = Action::parse(&e.action, e.errno_ret) {
             if a == default {

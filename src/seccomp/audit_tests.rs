@@ -21,7 +21,10 @@ fn table_covers_every_number_up_to_max() {
     assert_eq!(get("clone3").action, "ENOSYS");
     assert_eq!(get("uprobe").action, "ENOSYS (default)");
     let clone = &get("clone").action;
-    assert!(clone.starts_with("allow if arg0 & 0x7e020000 == 0x0; EPERM if "), "{clone}");
+    assert!(
+        clone.starts_with("allow if arg0 & 0x7e020000 == 0x0; EPERM if "),
+        "{clone}"
+    );
     assert!(clone.contains("arg0 & 0x10000000 == 0x10000000"), "{clone}");
     assert!(get("ioctl").action.contains("arg1 & 0xffffffff == 0x5412"));
     assert_eq!(rows[400].name, "(unassigned)");
@@ -82,7 +85,11 @@ fn expectations_cover_denials_unlisted_and_out_of_table() {
     assert_eq!(get("nr_400"), enosys);
     assert_eq!(get(&format!("nr_{}", syscalls::MAX_NR + 1)), enosys);
     assert_eq!(get("read"), None);
-    assert_eq!(get("clone"), None, "conditional: left to the probe's arg checks");
+    assert_eq!(
+        get("clone"),
+        None,
+        "conditional: left to the probe's arg checks"
+    );
     let cond = conditional_syscalls(&default_profile()).unwrap();
     assert_eq!(cond, ["ioctl", "socket", "clone", "personality"]);
 }

@@ -129,7 +129,9 @@ pub fn resolve(profile: &Profile) -> Result<Vec<ResolvedRule>, SeccompError> {
         }
         for name in &e.names {
             let nr = syscalls::number(name).ok_or_else(|| {
-                fail(format!("unknown syscall name {name:?} (not in the x86_64 table)"))
+                fail(format!(
+                    "unknown syscall name {name:?} (not in the x86_64 table)"
+                ))
             })?;
             let name = syscalls::name(nr).expect("number() returned a table entry");
             out.push(ResolvedRule {
@@ -227,7 +229,10 @@ pub fn compile(profile: &Profile) -> Result<CompiledFilters, SeccompError> {
             file: file.clone(),
             index: c.other,
             names: e.names_list(),
-            reason: format!("{} {} (see syscalls[{}])", c.name, c.reason, c.unconditional),
+            reason: format!(
+                "{} {} (see syscalls[{}])",
+                c.name, c.reason, c.unconditional
+            ),
         });
     }
 
@@ -285,7 +290,11 @@ pub fn compile(profile: &Profile) -> Result<CompiledFilters, SeccompError> {
                 default,
             )
         } else {
-            (format!("deny ({})", action.describe()), action, Action::Allow)
+            (
+                format!("deny ({})", action.describe()),
+                action,
+                Action::Allow,
+            )
         };
         let syscalls = map.len();
         let filter = SeccompFilter::new(

@@ -46,7 +46,9 @@ fn unknown_syscall_name_names_entry() {
 
 #[test]
 fn malformed_json_names_file_and_position() {
-    let e = err_of(&format!(r#"{HEAD}{{"names":["read"],"action":"SCMP_ACT_ALLOW""#));
+    let e = err_of(&format!(
+        r#"{HEAD}{{"names":["read"],"action":"SCMP_ACT_ALLOW""#
+    ));
     assert!(e.contains("test-profile.json"), "{e}");
     assert!(e.contains("malformed"), "{e}");
     assert!(e.contains("line 1"), "{e}");
@@ -66,7 +68,10 @@ fn unknown_action_and_operator_are_rejected() {
     let e = err_of(&format!(
         r#"{HEAD}{{"names":["read"],"action":"SCMP_ACT_MAYBE"}}]}}"#
     ));
-    assert!(e.contains("syscalls[0] (read)") && e.contains("SCMP_ACT_MAYBE"), "{e}");
+    assert!(
+        e.contains("syscalls[0] (read)") && e.contains("SCMP_ACT_MAYBE"),
+        "{e}"
+    );
     let e = err_of(&format!(
         r#"{HEAD}{{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{{"index":0,"value":1,"op":"SCMP_CMP_ABOUT"}}]}}]}}"#
     ));

@@ -143,7 +143,9 @@ pub fn diff(ours: &Profile, theirs: &Profile) -> Result<Diff, SeccompError> {
                 name,
                 ours: o.describe(),
                 theirs: t.describe(),
-                witness: witness.clone().or_else(|| conditional.then(|| "all args 0".into())),
+                witness: witness
+                    .clone()
+                    .or_else(|| conditional.then(|| "all args 0".into())),
             };
             always.0 &= !o.allows() && t.allows();
             always.1 &= o.allows() && !t.allows();
@@ -178,7 +180,10 @@ mod tests {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../shared/reference/docker-seccomp-default.json");
         if !p.exists() {
-            eprintln!("SKIP: {} not found (clone shared/ beside the repo)", p.display());
+            eprintln!(
+                "SKIP: {} not found (clone shared/ beside the repo)",
+                p.display()
+            );
             return None;
         }
         Some(load_profile(Some(&p)).unwrap().0)
@@ -198,8 +203,15 @@ mod tests {
         for n in ["ptrace", "process_vm_readv", "modify_ldt", "ioctl"] {
             assert!(names.contains(&n), "{n} missing from {names:?}");
         }
-        let ioctl = d.we_deny_they_allow.iter().find(|l| l.name == "ioctl").unwrap();
-        assert!(ioctl.witness.is_some(), "ioctl differs only for some requests");
+        let ioctl = d
+            .we_deny_they_allow
+            .iter()
+            .find(|l| l.name == "ioctl")
+            .unwrap();
+        assert!(
+            ioctl.witness.is_some(),
+            "ioctl differs only for some requests"
+        );
     }
 
     #[test]

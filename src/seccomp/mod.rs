@@ -90,7 +90,10 @@ pub enum SeccompError {
 /// when `path` is `None`. Returns the parsed profile and the raw JSON text.
 pub fn load_profile(path: Option<&Path>) -> Result<(Profile, String), SeccompError> {
     let (file, raw) = match path {
-        None => (DEFAULT_PROFILE_NAME.to_string(), DEFAULT_PROFILE.to_string()),
+        None => (
+            DEFAULT_PROFILE_NAME.to_string(),
+            DEFAULT_PROFILE.to_string(),
+        ),
         Some(p) => {
             let raw = std::fs::read_to_string(p).map_err(|source| SeccompError::Read {
                 path: p.to_path_buf(),
@@ -131,6 +134,9 @@ mod tests {
     #[test]
     fn missing_file_names_the_path() {
         let err = load_profile(Some(Path::new("/nonexistent/profile.json"))).unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/profile.json"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/profile.json"),
+            "{err}"
+        );
     }
 }

@@ -324,6 +324,9 @@ mod tests {
     fn unknown_fields_are_rejected() {
         let raw = r#"{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[{"names":["read"],"action":"SCMP_ACT_ERRNO","errnoret":1}]}"#;
         let err = Profile::parse(raw, "typo.json").unwrap_err().to_string();
-        assert!(err.contains("typo.json") && err.contains("errnoret"), "{err}");
+        assert!(
+            err.contains("typo.json") && err.contains("errnoret"),
+            "{err}"
+        );
     }
 }

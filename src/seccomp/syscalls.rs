@@ -14,6 +14,7 @@
 pub const MAX_NR: u32 = 470;
 
 /// `(number, name)` for every x86_64 syscall, sorted by number.
+#[rustfmt::skip]
 pub const SYSCALLS: &[(u32, &str)] = &[
     (0, "read"), (1, "write"), (2, "open"), (3, "close"), (4, "stat"),
     (5, "fstat"), (6, "lstat"), (7, "poll"), (8, "lseek"), (9, "mmap"),
@@ -122,8 +123,14 @@ mod tests {
         assert_eq!(number("read"), Some(libc::SYS_read as u32));
         assert_eq!(number("ptrace"), Some(libc::SYS_ptrace as u32));
         assert_eq!(number("clone3"), Some(libc::SYS_clone3 as u32));
-        assert_eq!(number("io_uring_setup"), Some(libc::SYS_io_uring_setup as u32));
-        assert_eq!(number("landlock_restrict_self"), Some(libc::SYS_landlock_restrict_self as u32));
+        assert_eq!(
+            number("io_uring_setup"),
+            Some(libc::SYS_io_uring_setup as u32)
+        );
+        assert_eq!(
+            number("landlock_restrict_self"),
+            Some(libc::SYS_landlock_restrict_self as u32)
+        );
         assert_eq!(name(libc::SYS_openat2 as u32), Some("openat2"));
         assert_eq!(name(400), None);
         assert_eq!(name(MAX_NR), Some("listns"));
