@@ -151,3 +151,21 @@ fn a_bad_profile_fails_closed_with_file_entry_and_reason() {
         "{text}"
     );
 }
+
+#[test]
+fn reviewer_doc_denial_table_matches_the_profile() {
+    let doc =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/seccomp.md"))
+            .unwrap();
+    let start = doc.find("<!-- BEGIN GENERATED DENIALS -->\n").unwrap();
+    let body = &doc[start..];
+    let body =
+        &body[body.find('\n').unwrap() + 1..body.find("<!-- END GENERATED DENIALS -->").unwrap()];
+    let (out, text) = sandboxd(&["seccomp", "table", "--denied", "--markdown"]);
+    assert!(out.status.success());
+    assert_eq!(
+        body, text,
+        "docs/seccomp.md is stale: regenerate its denial table with \
+         `sandboxd seccomp table --denied --markdown`"
+    );
+}

@@ -75,7 +75,8 @@ pub struct TableRow {
     pub action: String,
     /// The `comment` of the entries that decide it (group tag first).
     pub rationale: String,
-    /// Whether the profile lists a non-allow rule for it (a deliberate denial).
+    /// Whether the profile lists a non-allow rule for it (a deliberate denial,
+    /// including an explicit entry equal to the default such as clone3).
     pub deliberate_denial: bool,
 }
 
@@ -121,9 +122,7 @@ pub fn table(profile: &Profile) -> Result<Vec<TableRow>, SeccompError> {
             } else {
                 comments.join(" / ")
             },
-            deliberate_denial: rs
-                .iter()
-                .any(|r| !r.action.allows() && r.action != ev.default),
+            deliberate_denial: rs.iter().any(|r| !r.action.allows()),
         });
     }
     Ok(rows)
