@@ -126,3 +126,54 @@ fn masked_eq_value_outside_mask_is_rejected() {
     ));
     assert!(e.contains("outside the mask"), "{e}");
 }
+
+/// Installs the default filters in a forked child and checks the kernel's
+/// answers there (the test process itself stays unfiltered).
+#[test]
+fn installed_filters_give_the_exact_errnos_in_a_child() {
+    let (p, _) = load_profile(None).unwrap();
+    let filters = compile(&p).unwrap(); // compiled before fork: no allocation after
+                                        // SAFETY: the child only makes raw syscalls (prctl, seccomp, getpid,
+                                        // ptrace, an unassigned number) and leaves with _exit; it allocates
+                                        // nothing and takes no locks, so forking from the multi-threaded test
+                                        // harness is sound.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            let code = (|| {
+                if nix::sys::prctl::set_no_new_privs().is_err() || install(&filters).is_err() {
+                    return 10;
+                }
+                // SAFETY: raw syscalls with scalar arguments; no memory is passed.
+                let errno_of = |nr: libc::c_long| unsafe {
+                    if libc::syscall(nr, -1, -1, -1, -1) == -1 {
+                        *libc::__errno_location()
+                    } else {
+                        0
+                    }
+                };
+                if errno_of(libc::SYS_getpid) != 0 {
+                    return 11;
+                }
+                if errno_of(libc::SYS_ptrace) != libc::EPERM {
+                    return 12;
+                }
+                if errno_of(libc::SYS_mount) != libc::EPERM {
+                    return 13;
+                }
+                if errno_of(400) != libc::ENOSYS {
+                    return 14;
+                }
+                if errno_of(libc::SYS_clone3) != libc::ENOSYS {
+                    return 15;
+                }
+                0
+            })();
+            // SAFETY: _exit is async-signal-safe and ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
+        }
+    }
+}
