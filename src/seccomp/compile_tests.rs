@@ -129,6 +129,7 @@ fn masked_eq_value_outside_mask_is_rejected() {
 
 /// Installs the default filters in a forked child and checks the kernel's
 /// answers there (the test process itself stays unfiltered).
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn installed_filters_give_the_exact_errnos_in_a_child() {
     let (p, _) = load_profile(None).unwrap();

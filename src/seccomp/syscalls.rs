@@ -112,6 +112,7 @@ pub fn name(nr: u32) -> Option<&'static str> {
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn table_is_sorted_unique_and_matches_libc() {
         assert!(SYSCALLS.windows(2).all(|w| w[0].0 < w[1].0));
