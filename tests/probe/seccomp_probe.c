@@ -283,6 +283,27 @@ static void x32_denied(void)
 			       : "ENOSYS");
 }
 
+/* The i386 ABI (int $0x80) is a second syscall table with its own numbers;
+ * the filter only knows x86_64, so any i386 call must die: sandboxd's
+ * filter and libseccomp both kill on a foreign audit arch (SIGSYS). A kernel
+ * without ia32 emulation answers with SIGSEGV before seccomp: also closed. */
+static void i386_denied(void)
+{
+	pid_t p = fork();
+	if (p == 0) {
+		long r;
+		/* i386 getpid is 20 */
+		__asm__ volatile("int $0x80" : "=a"(r) : "a"(20L) : "memory");
+		_exit(r > 0 ? 3 : 4);
+	}
+	int st = 0;
+	waitpid(p, &st, 0);
+	int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+	report(sig == SIGSYS || sig == SIGSEGV, "i386 int $0x80 getpid killed", st, 0,
+	       sig == SIGSEGV ? "SIGSYS (got SIGSEGV: no ia32 emulation, also closed)"
+			      : "SIGSYS");
+}
+
 int main(int argc, char **argv)
 {
 	if (!seccomp_active()) {
@@ -300,6 +321,7 @@ int main(int argc, char **argv)
 	expect_errno("nr 400 (unassigned) ENOSYS", 400, -1, -1, -1, -1, -1, -1, ENOSYS);
 	expect_errno("nr 1000 (beyond the table) ENOSYS", 1000, -1, -1, -1, -1, -1, -1, ENOSYS);
 	x32_denied();
+	i386_denied();
 	clone_rules();
 	socket_rules();
 	ioctl_rules();
