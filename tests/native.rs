@@ -38,7 +38,12 @@ async fn same_workdir_shares_files_not_tmp() {
     let (s, b) = d.create(body("sb", "t2", "u1", Some("projects/p1"))).await;
     assert_eq!(s, 200, "{b}");
     assert_ne!(a["generation"], b["generation"]);
-    let (out, code) = d.exec("sa", "pwd; echo from-a > shared.txt; echo secret > /tmp/a-only").await;
+    let (out, code) = d
+        .exec(
+            "sa",
+            "pwd; echo from-a > shared.txt; echo secret > /tmp/a-only",
+        )
+        .await;
     assert_eq!((out.trim(), code), ("/home/gem/user-data/projects/p1", 0));
     let (out, code) = d.exec("sb", "cat shared.txt; ls /tmp").await;
     assert_eq!(code, 0);
@@ -66,7 +71,11 @@ async fn workdir_files_survive_delete_and_tmp_is_fresh() {
     let inside_sum = std::fs::read_to_string(dirs.workspace("u1").join("w/blob.sum")).unwrap();
     let g = a["generation"].as_str().unwrap();
     let (s, _) = d
-        .json("DELETE", &format!("/api/sandboxes/s1?expected_generation={g}"), None)
+        .json(
+            "DELETE",
+            &format!("/api/sandboxes/s1?expected_generation={g}"),
+            None,
+        )
         .await;
     assert_eq!(s, 200);
     // On the host, byte for byte.
@@ -74,11 +83,16 @@ async fn workdir_files_survive_delete_and_tmp_is_fresh() {
     assert_eq!(host.len(), 100_000);
     use sha2::Digest;
     let host_sum = format!("{:x}", sha2::Sha256::digest(&host));
-    assert!(inside_sum.starts_with(&host_sum), "{inside_sum} vs {host_sum}");
+    assert!(
+        inside_sum.starts_with(&host_sum),
+        "{inside_sum} vs {host_sum}"
+    );
     // A new sandbox of another thread reads it; its /tmp is fresh.
     let (s, _) = d.create(body("s2", "t2", "u1", Some("w"))).await;
     assert_eq!(s, 200);
-    let (out, code) = d.exec("s2", "sha256sum -c blob.sum && ls -A /tmp | wc -l").await;
+    let (out, code) = d
+        .exec("s2", "sha256sum -c blob.sum && ls -A /tmp | wc -l")
+        .await;
     assert_eq!(code, 0, "{out}");
     assert!(out.ends_with("0\n"), "{out}");
 }
@@ -97,7 +111,10 @@ async fn skills_are_read_only_and_per_user() {
     let (out, code) = d.exec("k1", "cat /home/gem/skills/tool/SKILL.md").await;
     assert_eq!((out.as_str(), code), ("use the tool\n", 0));
     let (out, code) = d
-        .exec("k1", "echo x >> /home/gem/skills/tool/SKILL.md; echo y > /home/gem/skills/new")
+        .exec(
+            "k1",
+            "echo x >> /home/gem/skills/tool/SKILL.md; echo y > /home/gem/skills/new",
+        )
         .await;
     assert_ne!(code, 0);
     assert!(out.contains("Read-only file system"), "{out}");
@@ -105,7 +122,12 @@ async fn skills_are_read_only_and_per_user() {
         std::fs::read_to_string(dirs.skills().join("u1/tool/SKILL.md")).unwrap(),
         "use the tool\n"
     );
-    let (out, code) = d.exec("k2", "ls -A /home/gem/skills; cat /home/gem/skills/tool/SKILL.md").await;
+    let (out, code) = d
+        .exec(
+            "k2",
+            "ls -A /home/gem/skills; cat /home/gem/skills/tool/SKILL.md",
+        )
+        .await;
     assert_ne!(code, 0);
     assert!(!out.contains("use the tool"), "{out}");
 }
@@ -120,8 +142,10 @@ async fn ephemeral_sandbox_creates_nothing_on_the_host() {
     let before_ud = ls(&dirs.user_data().join("shared"));
     let before_sk = ls(&dirs.skills());
     let (s, v) = d
-        .create(json!({"sandbox_id":"e1","thread_id":"t","uid":"ephem","inherit_env":false,
-                       "env":{"SECRET_USER_VAR":"1"}}))
+        .create(
+            json!({"sandbox_id":"e1","thread_id":"t","uid":"ephem","inherit_env":false,
+                       "env":{"SECRET_USER_VAR":"1"}}),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     let (out, code) = d
@@ -178,10 +202,22 @@ async fn bad_host_paths_are_refused_and_leave_nothing() {
         (body("b5", "t", "u2", None), "symlink"),
         (body("b6", "t", "u3", None), "not a directory"),
         (body("b7", "t", "newuser", Some("p")), "does not exist"),
-        (json!({"sandbox_id":"b8","thread_id":"t","uid":"u1","workdir_path":"real/../real"}), "workdir_path"),
-        (json!({"sandbox_id":"b9","thread_id":"t","uid":"u1","env":{"A\u{0}":"x"}}), "NUL"),
-        (json!({"sandbox_id":"b10","thread_id":"t","uid":"u1","env":{"A=B":"x"}}), "'='"),
-        (json!({"sandbox_id":"b11","thread_id":"t","uid":"u1","env":{"BIG":"x".repeat(300*1024)}}), "limit"),
+        (
+            json!({"sandbox_id":"b8","thread_id":"t","uid":"u1","workdir_path":"real/../real"}),
+            "workdir_path",
+        ),
+        (
+            json!({"sandbox_id":"b9","thread_id":"t","uid":"u1","env":{"A\u{0}":"x"}}),
+            "NUL",
+        ),
+        (
+            json!({"sandbox_id":"b10","thread_id":"t","uid":"u1","env":{"A=B":"x"}}),
+            "'='",
+        ),
+        (
+            json!({"sandbox_id":"b11","thread_id":"t","uid":"u1","env":{"BIG":"x".repeat(300*1024)}}),
+            "limit",
+        ),
     ];
     for (b, needle) in cases {
         let (s, v) = d.create(b.clone()).await;
@@ -189,8 +225,14 @@ async fn bad_host_paths_are_refused_and_leave_nothing() {
         let detail = v["detail"].as_str().unwrap();
         assert!(detail.contains(needle), "{b}: {detail:?} lacks {needle:?}");
     }
-    assert!(ls(outside.path()).is_empty(), "something was created through a symlink");
-    assert!(!dirs.workspace("newuser").exists(), "a refused create made a user dir");
+    assert!(
+        ls(outside.path()).is_empty(),
+        "something was created through a symlink"
+    );
+    assert!(
+        !dirs.workspace("newuser").exists(),
+        "a refused create made a user dir"
+    );
     assert!(!dirs.skills().join("newuser").exists());
     assert!(ls(&d.state_dir.path().join("sandboxes")).is_empty());
     let (_, v) = d.json("GET", "/api/sandboxes", None).await;
@@ -211,7 +253,10 @@ async fn a_directory_swapped_for_a_symlink_is_never_mounted() {
     assert_eq!(s, 200, "{v}");
     // The sandbox user replaces its project directory by a symlink to /.
     let (_, code) = d
-        .exec("w1", "cd /home/gem/user-data && mv proj proj.old && ln -s / proj")
+        .exec(
+            "w1",
+            "cd /home/gem/user-data && mv proj proj.old && ln -s / proj",
+        )
         .await;
     assert_eq!(code, 0);
     let (s, v) = d.create(body("w2", "t2", "u1", Some("proj"))).await;

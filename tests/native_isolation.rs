@@ -23,7 +23,10 @@ async fn isolation_seen_from_inside() {
     let (out, _) = d.exec("iso", "id -u; id -g; id -G").await;
     assert_eq!(out, "1000\n1000\n1000\n");
     let (out, _) = d
-        .exec("iso", "grep -E '^(CapEff|CapPrm|CapBnd|CapInh|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status")
+        .exec(
+            "iso",
+            "grep -E '^(CapEff|CapPrm|CapBnd|CapInh|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
+        )
         .await;
     for cap in ["CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"] {
         assert!(
@@ -32,13 +35,24 @@ async fn isolation_seen_from_inside() {
         );
     }
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    // Filter mode, two stacked filters (allow-list + EPERM deny list).
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    let (out, _) = d
+        .exec("iso", "grep Seccomp_filters /proc/self/status")
+        .await;
+    assert_eq!(out, "Seccomp_filters:\t2\n");
 
     // Only loopback.
     let (out, _) = d
         .exec("iso", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
         .await;
     assert_eq!(out, "lo\n");
-    let (out, _) = d.exec("iso", "command -v ip >/dev/null && ip -o link | cut -d: -f2 | tr -d ' ' || echo lo").await;
+    let (out, _) = d
+        .exec(
+            "iso",
+            "command -v ip >/dev/null && ip -o link | cut -d: -f2 | tr -d ' ' || echo lo",
+        )
+        .await;
     assert_eq!(out, "lo\n");
 
     // A TCP server on the host's loopback is unreachable.
@@ -46,18 +60,35 @@ async fn isolation_seen_from_inside() {
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let (out, code) = d
-        .exec("iso", &format!("timeout 5 bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>&1; echo rc=$?"))
+        .exec(
+            "iso",
+            &format!("timeout 5 bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' 2>&1; echo rc=$?"),
+        )
         .await;
     assert!(!out.contains("rc=0"), "connected to the host: {out} {code}");
-    assert!(listener.accept().is_err(), "the host server saw a connection");
+    assert!(
+        listener.accept().is_err(),
+        "the host server saw a connection"
+    );
     // The daemon's API is unreachable too.
     let (out, _) = d
-        .exec("iso", &format!("timeout 5 bash -c 'echo > /dev/tcp/127.0.0.1/{}' 2>&1; echo rc=$?", d.addr.port()))
+        .exec(
+            "iso",
+            &format!(
+                "timeout 5 bash -c 'echo > /dev/tcp/127.0.0.1/{}' 2>&1; echo rc=$?",
+                d.addr.port()
+            ),
+        )
         .await;
     assert!(!out.contains("rc=0"), "{out}");
 
     // No host PIDs.
-    let (out, _) = d.exec("iso", "ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '").await;
+    let (out, _) = d
+        .exec(
+            "iso",
+            "ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '",
+        )
+        .await;
     let pids: Vec<u32> = out.split_whitespace().map(|p| p.parse().unwrap()).collect();
     assert!(pids.contains(&1), "{out}");
     assert!(!pids.contains(&d.pid()), "daemon PID visible: {out}");
@@ -74,16 +105,28 @@ async fn isolation_seen_from_inside() {
     assert_eq!(out, "1\nsbx-iso\n");
 
     // Masked /proc files: unreadable inside when the host has them.
-    for p in ["/proc/kcore", "/proc/sysrq-trigger", "/proc/timer_list", "/proc/keys"] {
+    for p in [
+        "/proc/kcore",
+        "/proc/sysrq-trigger",
+        "/proc/timer_list",
+        "/proc/keys",
+    ] {
         let on_host = std::path::Path::new(p).exists();
         // Masked files are /dev/null binds: empty to read, writes vanish.
-        let (out, _) = d.exec("iso", &format!("head -c 64 {p} 2>/dev/null | wc -c")).await;
+        let (out, _) = d
+            .exec("iso", &format!("head -c 64 {p} 2>/dev/null | wc -c"))
+            .await;
         assert_eq!(out, "0\n", "{p} readable inside: {out}");
         if !on_host {
             eprintln!("note: {p} does not exist on this host's kernel; checked empty inside");
         }
     }
-    let (out, _) = d.exec("iso", "echo 1 > /proc/sys/kernel/domainname 2>&1; echo rc=$?").await;
+    let (out, _) = d
+        .exec(
+            "iso",
+            "echo 1 > /proc/sys/kernel/domainname 2>&1; echo rc=$?",
+        )
+        .await;
     assert!(out.contains("rc=1"), "{out}");
 }
 
@@ -135,9 +178,13 @@ fn snapshot(daemon_pid: u32, state: &std::path::Path, prefix: &str) -> Snapshot 
     let mut cgroups = BTreeSet::new();
     for c in ["memory", "pids", "cpu", "unified"] {
         cgroups.extend(
-            list(&std::path::Path::new("/sys/fs/cgroup").join(c).join("sandboxd"))
-                .into_iter()
-                .filter(|p| p.rsplit('/').next().unwrap_or("").starts_with(prefix)),
+            list(
+                &std::path::Path::new("/sys/fs/cgroup")
+                    .join(c)
+                    .join("sandboxd"),
+            )
+            .into_iter()
+            .filter(|p| p.rsplit('/').next().unwrap_or("").starts_with(prefix)),
         );
     }
     Snapshot {
@@ -170,7 +217,11 @@ async fn fifty_create_delete_cycles_leak_nothing() {
         }
         let g = v["generation"].as_str().unwrap();
         let (s, _) = d
-            .json("DELETE", &format!("/api/sandboxes/{id}?expected_generation={g}"), None)
+            .json(
+                "DELETE",
+                &format!("/api/sandboxes/{id}?expected_generation={g}"),
+                None,
+            )
             .await;
         assert_eq!(s, 200);
     }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 
 use crate::backend::native::bundle::{self, HostLayout};
+use crate::backend::native::Seccomp;
 use crate::config::{Config, ProcessEnv};
 use crate::lifecycle::request::build_spec;
 use crate::model::{new_generation, CreateRequest};
@@ -69,7 +70,7 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
         limits: cfg.limits.clone(),
     };
     let base = bundle::load_base(cfg.native.base_spec.as_deref())?;
-    let seccomp = None;
+    let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
     let out = std::path::absolute(&args.out)?;
     let oci = bundle::build_spec(
         &base,
@@ -78,9 +79,9 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
         &host,
         &out.join("files"),
         None,
-        seccomp,
+        Some(&seccomp.oci),
     )?;
-    bundle::write_bundle(&out, &oci)?;
+    bundle::write_bundle(&out, &oci, Some(&seccomp.verbatim))?;
     println!("{}", out.join("config.json").display());
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub mod bundle;
+pub mod seccomp;
 pub mod serve;
 
 #[derive(Debug, Parser)]
@@ -25,6 +26,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Write the OCI bundle a create would use (for operators and reviewers).
     Bundle(bundle::BundleArgs),
+    /// Audit the seccomp profile, or run a command under it.
+    #[command(subcommand)]
+    Seccomp(seccomp::SeccompCmd),
 }
 
 #[derive(Debug, clap::Args)]
@@ -51,5 +55,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Serve(args) => serve::run(args).map(|()| 0),
         Command::Bundle(args) => bundle::run(args).map(|()| 0),
+        // Runs before any tokio runtime exists (`seccomp run` execs).
+        Command::Seccomp(cmd) => seccomp::run(cmd),
     }
 }

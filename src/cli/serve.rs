@@ -86,7 +86,7 @@ async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
         }
         BackendKind::Native => {
             let cfg = cfg.clone();
-            let nb = tokio::task::spawn_blocking(move || NativeBackend::new(&cfg, None))
+            let nb = tokio::task::spawn_blocking(move || NativeBackend::new(&cfg))
                 .await
                 .context("native backend set-up panicked")??;
             Ok(Arc::new(Native(Arc::new(nb))))

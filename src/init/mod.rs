@@ -236,7 +236,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     // 3. Compile the seccomp filter now, while allocation is cheap and a
     //    bad profile can still fail before anything exists; it is
     //    installed last, right before exec.
-    let filters = compile_seccomp(linux.seccomp().as_ref())?;
+    let filters = compile_seccomp(&cfg)?;
 
     // 4. Join the sandbox's cgroup before any namespace or payload exists,
     //    so every process of the sandbox is accounted and limited from its
@@ -344,7 +344,9 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
 
     // 17. seccomp, the very last step: from here on only exec runs.
-    install_seccomp(filters)?;
+    if let Some(f) = &filters {
+        crate::seccomp::install(f).map_err(|e| InitError::Seccomp(e.to_string()))?;
+    }
 
     // 18. exec the payload.
     let path = argv[0].clone();
@@ -353,29 +355,6 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         path: path.to_string_lossy().to_string(),
         source: e,
     })
-}
-
-/// Compiled seccomp filters, in install order.
-struct Filters(Vec<()>);
-
-fn compile_seccomp(
-    profile: Option<&oci_spec::runtime::LinuxSeccomp>,
-) -> Result<Filters, InitError> {
-    match profile {
-        None => Ok(Filters(Vec::new())),
-        // Fail closed: never run a sandbox without the filter it asks for.
-        Some(_) => Err(InitError::Seccomp(
-            "this build cannot compile seccomp profiles".into(),
-        )),
-    }
-}
-
-fn install_seccomp(filters: Filters) -> Result<(), InitError> {
-    if filters.0.is_empty() {
-        Ok(())
-    } else {
-        Err(InitError::Seccomp("unsupported".into()))
-    }
 }
 
 fn join_cgroup(spec: &Spec) -> Result<(), InitError> {
@@ -390,4 +369,26 @@ fn join_cgroup(spec: &Spec) -> Result<(), InitError> {
             p.display()
         ))),
     }
+}
+
+/// Compiles the `linux.seccomp` section of `config.json` exactly as
+/// written there (the profile in OCI format, with its comments).
+fn compile_seccomp(cfg: &Path) -> Result<Option<crate::seccomp::CompiledFilters>, InitError> {
+    let text = std::fs::read_to_string(cfg).map_err(|e| InitError::LoadSpec {
+        path: cfg.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| InitError::LoadSpec {
+        path: cfg.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let Some(section) = v.get("linux").and_then(|l| l.get("seccomp")) else {
+        return Ok(None);
+    };
+    let origin = format!("{} (linux.seccomp)", cfg.display());
+    let profile = crate::seccomp::Profile::parse(&section.to_string(), &origin)
+        .map_err(|e| InitError::Seccomp(e.to_string()))?;
+    crate::seccomp::compile(&profile)
+        .map(Some)
+        .map_err(|e| InitError::Seccomp(e.to_string()))
 }

@@ -342,8 +342,15 @@ const SKELETON_DIRS: [&str; 12] = [
     ".sandboxd",
 ];
 
-/// Writes the bundle: `config.json`, `rootfs/` skeleton, `files/`.
-pub fn write_bundle(dir: &Path, spec: &Spec) -> Result<(), BundleError> {
+/// Writes the bundle: `config.json`, `rootfs/` skeleton, `files/`. When
+/// `seccomp_verbatim` is given it replaces `linux.seccomp`, so the profile
+/// lands in `config.json` exactly as written (with its rationale comments,
+/// which OCI consumers ignore).
+pub fn write_bundle(
+    dir: &Path,
+    spec: &Spec,
+    seccomp_verbatim: Option<&serde_json::Value>,
+) -> Result<(), BundleError> {
     let w = |path: &Path, r: std::io::Result<()>| {
         r.map_err(|source| BundleError::Write {
             path: path.to_path_buf(),
@@ -377,7 +384,11 @@ pub fn write_bundle(dir: &Path, spec: &Spec) -> Result<(), BundleError> {
         w(&p, std::fs::write(&p, content))?;
     }
     let cfg = dir.join("config.json");
-    let json = serde_json::to_vec_pretty(spec).map_err(|e| BundleError::Build(e.to_string()))?;
+    let mut value = serde_json::to_value(spec).map_err(|e| BundleError::Build(e.to_string()))?;
+    if let (Some(profile), Some(linux)) = (seccomp_verbatim, value.get_mut("linux")) {
+        linux["seccomp"] = profile.clone();
+    }
+    let json = serde_json::to_vec_pretty(&value).map_err(|e| BundleError::Build(e.to_string()))?;
     w(&cfg, std::fs::write(&cfg, json))?;
     Ok(())
 }

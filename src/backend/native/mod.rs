@@ -37,6 +37,32 @@ use paths::PathError;
 use proc::ProcHandle;
 use state::{Phase, SandboxState, StateDir};
 
+/// The seccomp profile every bundle carries: its OCI form for the spec and
+/// the verbatim JSON written into `config.json`.
+#[derive(Clone)]
+pub struct Seccomp {
+    pub oci: LinuxSeccomp,
+    pub verbatim: serde_json::Value,
+}
+
+impl Seccomp {
+    /// Loads and compiles the configured (or embedded) profile; any error
+    /// stops the daemon's start-up (never a sandbox without its filter).
+    pub fn load(path: Option<&Path>) -> Result<Seccomp, BackendError> {
+        let (profile, _raw, filters) = crate::seccomp::load_and_compile(path)
+            .map_err(|e| internal(format!("seccomp profile: {e}")))?;
+        info!(
+            profile = %profile.source,
+            instructions = ?filters.instruction_counts(),
+            "seccomp profile compiled"
+        );
+        Ok(Seccomp {
+            oci: profile.to_oci().map_err(internal)?,
+            verbatim: profile.to_oci_value(),
+        })
+    }
+}
+
 /// A running sandbox as the daemon holds it.
 struct Live {
     record: SandboxRecord,
@@ -49,7 +75,7 @@ pub struct NativeBackend {
     host: HostLayout,
     base: Spec,
     init_path: PathBuf,
-    seccomp: Option<LinuxSeccomp>,
+    seccomp: Seccomp,
     dialer: NetnsDialer,
     live: Mutex<HashMap<String, Live>>,
 }
@@ -90,7 +116,8 @@ impl NativeBackend {
     /// Builds the backend from the configuration, then reconciles the
     /// state directory (adopts live sandboxes, cleans up the rest) before
     /// returning, so the API never serves a half-known node.
-    pub fn new(cfg: &Config, seccomp: Option<LinuxSeccomp>) -> Result<NativeBackend, BackendError> {
+    pub fn new(cfg: &Config) -> Result<NativeBackend, BackendError> {
+        let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
         let agent_path = match &cfg.native.agent_path {
             Some(p) => p.clone(),
             None => sibling_binary("sandbox-agent")?,
@@ -171,10 +198,10 @@ impl NativeBackend {
             &self.host,
             &dir.join("files"),
             None,
-            self.seccomp.as_ref(),
+            Some(&self.seccomp.oci),
         )
         .map_err(internal)?;
-        bundle::write_bundle(dir, &oci).map_err(internal)?;
+        bundle::write_bundle(dir, &oci, Some(&self.seccomp.verbatim)).map_err(internal)?;
         Ok(oci)
     }
 
