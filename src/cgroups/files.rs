@@ -19,7 +19,8 @@ pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
     })
 }
 
-/// Writes `value` with a single `write(2)` into an existing cgroup file.
+/// Writes `value` with a single `write(2)` into an existing cgroup file
+/// (`O_TRUNC` as runc does: ignored by cgroupfs, right for fake trees).
 pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     let err = |source| CgroupError::WriteFile {
         path: path.to_path_buf(),
@@ -28,6 +29,7 @@ pub(crate) fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     };
     fs::OpenOptions::new()
         .write(true)
+        .truncate(true)
         .open(path)
         .map_err(err)?
         .write_all(value.as_bytes())

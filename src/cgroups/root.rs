@@ -265,7 +265,7 @@ fn check_id(id: &str) -> Result<(), CgroupError> {
     validate_sandbox_id(id).map_err(|_| CgroupError::BadId { id: id.to_string() })
 }
 
-fn normalize_parent(parent: &str) -> Result<PathBuf, CgroupError> {
+pub(crate) fn normalize_parent(parent: &str) -> Result<PathBuf, CgroupError> {
     let bad = |reason| CgroupError::BadParent {
         parent: parent.to_string(),
         reason,
@@ -287,29 +287,33 @@ fn normalize_parent(parent: &str) -> Result<PathBuf, CgroupError> {
 }
 
 /// Enables the available sandbox controllers in `dir/cgroup.subtree_control`
-/// (those already enabled are left alone, so systemd's settings stand).
+/// with one write (those already enabled are left alone, so systemd's
+/// settings stand; nothing is written when all are enabled).
 fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
     let available = files::read(&dir.join("cgroup.controllers"))?;
     let control = dir.join("cgroup.subtree_control");
     let enabled = files::read(&control)?;
-    for ctrl in V2_CONTROLLERS {
-        let has = |s: &str| {
-            s.split_whitespace()
-                .any(|c| c.trim_start_matches('+') == ctrl)
-        };
-        if !has(&available) || has(&enabled) {
-            continue;
-        }
-        files::write(&control, &format!("+{ctrl}")).map_err(|e| match e {
-            CgroupError::WriteFile { source, .. } => CgroupError::EnableControllers {
-                path: control.clone(),
-                controllers: format!("+{ctrl}"),
-                source,
-            },
-            other => other,
-        })?;
+    let has = |s: &str, ctrl: &str| {
+        s.split_whitespace()
+            .any(|c| c.trim_start_matches('+') == ctrl)
+    };
+    let missing: Vec<String> = V2_CONTROLLERS
+        .iter()
+        .filter(|c| has(&available, c) && !has(&enabled, c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let value = missing.join(" ");
+    files::write(&control, &value).map_err(|e| match e {
+        CgroupError::WriteFile { source, .. } => CgroupError::EnableControllers {
+            path: control.clone(),
+            controllers: value.clone(),
+            source,
+        },
+        other => other,
+    })
 }
 
 /// Copies `cpuset.cpus` and `cpuset.mems` from the parent into a new v1
