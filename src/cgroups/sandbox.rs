@@ -63,7 +63,9 @@ impl SandboxCgroup {
     }
 
     /// Moves `pid` (the launcher itself, before any payload code runs) into
-    /// the cgroup in every controller.
+    /// the cgroup in every controller. Call it before unsharing the cgroup
+    /// namespace: the new namespace is then rooted at the sandbox's cgroup
+    /// (and v2 refuses migrations across a namespace boundary).
     pub fn add_task(&self, pid: i32) -> Result<(), CgroupError> {
         self.manager("add_task")?
             .add_task(Pid::from_raw(pid))
