@@ -16,6 +16,7 @@
 
 mod files;
 mod layout;
+mod leaf;
 mod root;
 mod sandbox;
 #[cfg(test)]
@@ -24,7 +25,8 @@ mod tests;
 use std::path::PathBuf;
 
 pub use layout::{parse_layout, Layout};
-pub use root::{move_self_to_leaf, CgroupRoot};
+pub use leaf::move_self_to_leaf;
+pub use root::CgroupRoot;
 pub use sandbox::SandboxCgroup;
 
 use crate::model::Resources;
@@ -67,6 +69,8 @@ pub enum CgroupError {
         controllers: String,
         source: std::io::Error,
     },
+    #[error("controller {controller} is not available in {path} (not delegated, or bound to another hierarchy)")]
+    MissingController { controller: String, path: PathBuf },
     #[error("cgroup of sandbox {id} already exists at {path} and holds processes")]
     Busy { id: String, path: PathBuf },
     #[error("cannot build the resource spec of sandbox {id}: {source}")]

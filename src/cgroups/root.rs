@@ -93,11 +93,18 @@ impl CgroupRoot {
             tracing::warn!(sandbox_id, "reusing an empty leftover cgroup");
         }
         match self.mounts.layout {
-            Layout::V2 => self.create_v2(&rel)?,
+            Layout::V2 => self.create_v2(&rel, res)?,
             Layout::V1 | Layout::Hybrid => self.create_v1(&rel)?,
         }
         let cg = self.sandbox(sandbox_id)?;
-        cg.apply(res)?;
+        if let Err(e) = cg.apply(res) {
+            // Nothing runs in it yet: do not leave a half-made cgroup.
+            let cleanup = self.sandbox(sandbox_id).and_then(SandboxCgroup::remove);
+            if let Err(c) = cleanup {
+                tracing::warn!(sandbox_id, error = %c, "cannot remove half-made cgroup");
+            }
+            return Err(e);
+        }
         tracing::info!(
             sandbox_id,
             memory_mb = res.memory_mb,
@@ -172,21 +179,32 @@ impl CgroupRoot {
         }
     }
 
-    fn v2_root(&self) -> &Path {
+    pub(crate) fn v2_root(&self) -> &Path {
         self.mounts.v2.as_deref().unwrap_or(&self.fs_root)
     }
 
     /// v2: creates the parent chain and enables cpu/memory/pids in the
     /// `cgroup.subtree_control` of every ancestor of the sandbox, then the
-    /// sandbox's own directory (a leaf: nothing enabled in it).
-    fn create_v2(&self, rel: &Path) -> Result<(), CgroupError> {
+    /// sandbox's own directory (a leaf: nothing enabled in it). A
+    /// controller `res` needs but an ancestor lacks is an error.
+    fn create_v2(&self, rel: &Path, res: &Resources) -> Result<(), CgroupError> {
+        let mut needed = Vec::new();
+        if res.memory_mb > 0 {
+            needed.push("memory");
+        }
+        if res.pids > 0 {
+            needed.push("pids");
+        }
+        if super::cpu_quota_usec(res.cpus).is_some() {
+            needed.push("cpu");
+        }
         let root = self.v2_root().to_path_buf();
         files::create_dirs(&root, &self.parent, |_| Ok(()))?;
         let mut level = root.clone();
-        enable_v2_controllers(&level)?;
+        enable_v2_controllers(&level, &needed)?;
         for comp in self.parent.components() {
             level.push(comp);
-            enable_v2_controllers(&level)?;
+            enable_v2_controllers(&level, &needed)?;
         }
         files::create_dirs(&root, rel, |_| Ok(()))
     }
@@ -261,7 +279,7 @@ impl CgroupRoot {
 /// On v2 every "controller" lives in the one directory.
 const V2_ALL_FILES: [&str; 5] = ["cpu", "cpuacct", "memory", "pids", "freezer"];
 
-fn check_id(id: &str) -> Result<(), CgroupError> {
+pub(crate) fn check_id(id: &str) -> Result<(), CgroupError> {
     validate_sandbox_id(id).map_err(|_| CgroupError::BadId { id: id.to_string() })
 }
 
@@ -288,8 +306,9 @@ pub(crate) fn normalize_parent(parent: &str) -> Result<PathBuf, CgroupError> {
 
 /// Enables the available sandbox controllers in `dir/cgroup.subtree_control`
 /// with one write (those already enabled are left alone, so systemd's
-/// settings stand; nothing is written when all are enabled).
-fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
+/// settings stand; nothing is written when all are enabled). Fails if one
+/// of `needed` is not available in `dir`.
+fn enable_v2_controllers(dir: &Path, needed: &[&str]) -> Result<(), CgroupError> {
     let available = files::read(&dir.join("cgroup.controllers"))?;
     let control = dir.join("cgroup.subtree_control");
     let enabled = files::read(&control)?;
@@ -297,6 +316,12 @@ fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
         s.split_whitespace()
             .any(|c| c.trim_start_matches('+') == ctrl)
     };
+    if let Some(c) = needed.iter().find(|c| !has(&available, c)) {
+        return Err(CgroupError::MissingController {
+            controller: c.to_string(),
+            path: dir.join("cgroup.controllers"),
+        });
+    }
     let missing: Vec<String> = V2_CONTROLLERS
         .iter()
         .filter(|c| has(&available, c) && !has(&enabled, c))
@@ -329,55 +354,4 @@ fn copy_cpuset(dir: &Path) -> Result<(), CgroupError> {
         }
     }
     Ok(())
-}
-
-/// v2 "no internal processes" rule: a cgroup with controllers enabled for
-/// its children cannot hold processes itself. Under systemd (`Delegate=yes`)
-/// the daemon starts in its service cgroup, so it must first move into a
-/// leaf (`<service>/<leaf>`, e.g. `daemon`) before sandboxes can be created
-/// in `<service>/sandboxes/<id>`. Moves the whole process and returns the
-/// service cgroup (relative to the hierarchy root, e.g.
-/// `/system.slice/sandboxd.service`). On v1/hybrid there is no such rule
-/// (limits live in the v1 controllers): a no-op returning `None`.
-pub fn move_self_to_leaf(root: &CgroupRoot, leaf: &str) -> Result<Option<PathBuf>, CgroupError> {
-    if root.layout() != Layout::V2 {
-        return Ok(None);
-    }
-    let path = Path::new("/proc/self/cgroup");
-    let text = files::read(path)?;
-    move_to_leaf(root.v2_root(), &text, std::process::id(), leaf).map(Some)
-}
-
-/// The testable part of [`move_self_to_leaf`].
-pub(crate) fn move_to_leaf(
-    v2_root: &Path,
-    proc_cgroup: &str,
-    pid: u32,
-    leaf: &str,
-) -> Result<PathBuf, CgroupError> {
-    check_id(leaf)?;
-    let current = proc_cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .ok_or_else(|| CgroupError::Parse {
-            path: PathBuf::from("/proc/self/cgroup"),
-            content: proc_cgroup.to_string(),
-        })?;
-    let current = normalize_parent(current).unwrap_or_default();
-    if current.file_name().is_some_and(|n| n == leaf) {
-        let service = current.parent().unwrap_or(Path::new(""));
-        return Ok(Path::new("/").join(service));
-    }
-    let target = v2_root.join(&current).join(leaf);
-    files::create_dirs(v2_root, &current.join(leaf), |_| Ok(()))?;
-    let procs = target.join("cgroup.procs");
-    files::write(&procs, &pid.to_string()).map_err(|e| match e {
-        CgroupError::WriteFile { source, .. } => CgroupError::MoveSelf {
-            path: target.clone(),
-            source,
-        },
-        other => other,
-    })?;
-    tracing::info!(leaf = %target.display(), "daemon moved into its leaf cgroup");
-    Ok(Path::new("/").join(current))
 }

@@ -11,7 +11,8 @@ use std::fs;
 use std::path::Path;
 
 use super::layout::parse_layout;
-use super::root::{move_to_leaf, normalize_parent};
+use super::leaf::move_to_leaf;
+use super::root::normalize_parent;
 use super::*;
 
 const HYBRID: &str = "\
@@ -182,6 +183,35 @@ fn v2_create_refuses_a_busy_leftover() {
         vec![4242]
     );
     assert!(root.create("a/b", &res()).is_err());
+}
+
+#[test]
+fn v2_missing_controller_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    fake_v2_dir(r, "cpu memory", "");
+    fake_v2_dir(&r.join("sandboxd"), "cpu memory", "");
+    fake_v2_dir(&r.join("sandboxd/abc"), "cpu memory", "");
+    let root = CgroupRoot::with_root(r, Layout::V2, "sandboxd");
+    match root.create("abc", &res()) {
+        Err(CgroupError::MissingController { controller, .. }) => assert_eq!(controller, "pids"),
+        other => panic!("expected MissingController, got {other:?}"),
+    }
+    // Nothing written before the check failed.
+    assert_eq!(
+        fs::read_to_string(r.join("cgroup.subtree_control")).unwrap(),
+        ""
+    );
+    let no_pids = Resources { pids: 0, ..res() };
+    root.create("abc", &no_pids).unwrap();
+    assert_eq!(
+        fs::read_to_string(r.join("sandboxd/abc/pids.max")).unwrap(),
+        ""
+    );
+    assert_eq!(
+        fs::read_to_string(r.join("sandboxd/cgroup.subtree_control")).unwrap(),
+        "+cpu +memory"
+    );
 }
 
 #[test]
