@@ -140,10 +140,12 @@ fn limits_kill_and_remove() {
         let st = k.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
     }
+    let second_handle = t.root.open(&sid).unwrap().unwrap();
     cg.remove().unwrap();
     for d in t.dirs(Some(&sid)) {
         assert!(!d.exists(), "{} left behind", d.display());
     }
+    second_handle.remove().expect("remove must be idempotent");
     assert!(t.root.open(&sid).unwrap().is_none());
     assert!(t.root.list().unwrap().is_empty());
 }

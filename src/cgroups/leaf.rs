@@ -12,8 +12,9 @@ use super::{files, CgroupError};
 /// leaf (`<service>/<leaf>`, e.g. `daemon`) before sandboxes can be created
 /// in `<service>/sandboxes/<id>`. Moves the whole process and returns the
 /// service cgroup (relative to the hierarchy root, e.g.
-/// `/system.slice/sandboxd.service`). On v1/hybrid there is no such rule
-/// (limits live in the v1 controllers): a no-op returning `None`.
+/// `/system.slice/sandboxd.service`; `/` when the daemon runs in the root
+/// cgroup, which is exempt and stays put). On v1/hybrid there is no such
+/// rule (limits live in the v1 controllers): a no-op returning `None`.
 pub fn move_self_to_leaf(root: &CgroupRoot, leaf: &str) -> Result<Option<PathBuf>, CgroupError> {
     if root.layout() != Layout::V2 {
         return Ok(None);
@@ -39,6 +40,10 @@ pub(crate) fn move_to_leaf(
             content: proc_cgroup.to_string(),
         })?;
     let current = normalize_parent(current).unwrap_or_default();
+    if current.as_os_str().is_empty() {
+        // The root cgroup is exempt from the rule: nothing to do.
+        return Ok(PathBuf::from("/"));
+    }
     if current.file_name().is_some_and(|n| n == leaf) {
         let service = current.parent().unwrap_or(Path::new(""));
         return Ok(Path::new("/").join(service));

@@ -361,6 +361,11 @@ fn daemon_moves_into_leaf() {
     assert_eq!(svc, Path::new("/system.slice/s.service"));
     assert_eq!(fs::read_to_string(&procs).unwrap(), "");
     assert!(move_to_leaf(r, "4:memory:/x\n", 77, "daemon").is_err());
+    assert_eq!(
+        move_to_leaf(r, "0::/\n", 77, "daemon").unwrap(),
+        Path::new("/")
+    );
+    assert!(!r.join("daemon").exists());
 }
 
 #[test]
