@@ -24,7 +24,7 @@ mod tests;
 
 use std::path::PathBuf;
 
-pub use layout::{parse_layout, Layout};
+pub use layout::{parse_layout, Layout, Mounts};
 pub use leaf::move_self_to_leaf;
 pub use root::CgroupRoot;
 pub use sandbox::SandboxCgroup;
