@@ -5,6 +5,7 @@
 //! - [`lifecycle`]: the semantics every backend shares (identity, generations,
 //!   operation pins, idle reaper, quiesce gate);
 //! - [`backend`]: the [`backend::Backend`] trait and its implementations;
+//! - [`cgroups`]: per-sandbox cgroups (limits, OOM counters, kill);
 //! - [`seccomp`]: the profile, its compiler and the auditor CLI;
 //! - [`agent`]: the in-sandbox HTTP server (`sandbox-agent`);
 //! - [`init`]: the single-threaded launcher (`sandbox-init`).
@@ -12,6 +13,7 @@
 pub mod agent;
 pub mod api;
 pub mod backend;
+pub mod cgroups;
 pub mod cli;
 pub mod config;
 pub mod init;

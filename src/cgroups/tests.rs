@@ -1,0 +1,389 @@
+//! Unit tests over fake cgroup trees in a tempdir.
+//!
+//! libcgroups' v2 manager takes a custom root, so v2 creation and limits
+//! go through it here. Its v1 manager reads the real mountinfo and always
+//! works on `/sys/fs/cgroup`, so for v1 only our own file-level code (limit
+//! readback, OOM counter, CPU usage, listing) is tested over a fake tree;
+//! v1 creation/limits/kill/removal are covered by `tests/cgroups_real.rs`.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::Path;
+
+use super::layout::parse_layout;
+use super::leaf::move_to_leaf;
+use super::root::normalize_parent;
+use super::*;
+
+const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+const V1: &str = "\
+22 21 0:20 / /proc rw - proc proc rw
+31 23 0:28 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:12 - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,nosuid shared:15 - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,nosuid shared:19 - cgroup cgroup rw,pids
+";
+
+const V2: &str = "\
+22 21 0:20 / /proc rw - proc proc rw
+30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+";
+
+fn root() -> &'static Path {
+    Path::new("/sys/fs/cgroup")
+}
+
+#[test]
+fn layout_hybrid() {
+    let m = parse_layout(HYBRID, root()).unwrap();
+    assert_eq!(m.layout, Layout::Hybrid);
+    assert_eq!(m.v1["memory"], root().join("memory"));
+    assert_eq!(m.v1["cpuacct"], root().join("cpuacct"));
+    assert!(!m.v1.contains_key("name=systemd") && !m.v1.contains_key("systemd"));
+    assert_eq!(m.v2.as_deref(), Some(root().join("unified").as_path()));
+    assert_eq!(m.layout.to_string(), "hybrid");
+}
+
+#[test]
+fn layout_v1_comounted() {
+    let m = parse_layout(V1, root()).unwrap();
+    assert_eq!(m.layout, Layout::V1);
+    assert_eq!(m.v1["cpu"], root().join("cpu,cpuacct"));
+    assert_eq!(m.v1["cpuacct"], root().join("cpu,cpuacct"));
+    assert_eq!(m.v2, None);
+}
+
+#[test]
+fn layout_v2_and_none() {
+    let m = parse_layout(V2, root()).unwrap();
+    assert_eq!(m.layout, Layout::V2);
+    assert!(m.v1.is_empty());
+    assert_eq!(
+        parse_layout("22 21 0:20 / /proc rw - proc proc rw\n", root()),
+        None
+    );
+    // Mounts elsewhere do not count.
+    assert_eq!(parse_layout(V2, Path::new("/other")), None);
+}
+
+#[test]
+fn parent_paths() {
+    assert_eq!(normalize_parent("sandboxd").unwrap(), Path::new("sandboxd"));
+    assert_eq!(
+        normalize_parent("/system.slice/s.service/sandboxes").unwrap(),
+        Path::new("system.slice/s.service/sandboxes")
+    );
+    for bad in ["", "/", "a/../b", "./a"] {
+        assert!(normalize_parent(bad).is_err(), "{bad:?} accepted");
+    }
+    let r = CgroupRoot::with_root(
+        Path::new("/x"),
+        Layout::V2,
+        "/system.slice/s.service/sandboxes",
+    );
+    assert_eq!(
+        r.relative_path("abc"),
+        Path::new("/system.slice/s.service/sandboxes/abc")
+    );
+    assert!(r.open("../etc").is_err());
+}
+
+#[test]
+fn cpu_quota() {
+    assert_eq!(cpu_quota_usec(0.5), Some(50_000));
+    assert_eq!(cpu_quota_usec(2.0), Some(200_000));
+    assert_eq!(cpu_quota_usec(0.0001), Some(1_000));
+    assert_eq!(cpu_quota_usec(0.0), None);
+    assert_eq!(cpu_quota_usec(f64::NAN), None);
+}
+
+/// A fake v2 cgroup directory with the interface files the kernel makes.
+/// Limit files start empty: libcgroups writes without `O_TRUNC`.
+fn fake_v2_dir(dir: &Path, controllers: &str, subtree: &str) {
+    fs::create_dir_all(dir).unwrap();
+    for (name, value) in [
+        ("cgroup.controllers", controllers),
+        ("cgroup.subtree_control", subtree),
+        ("cgroup.procs", ""),
+        ("memory.max", ""),
+        ("memory.swap.max", ""),
+        ("memory.events", "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n"),
+        ("pids.max", ""),
+        ("cpu.max", ""),
+        ("cpu.stat", "usage_usec 0\nuser_usec 0\nsystem_usec 0\n"),
+    ] {
+        fs::write(dir.join(name), value).unwrap();
+    }
+}
+
+fn res() -> Resources {
+    Resources {
+        memory_mb: 64,
+        cpus: 0.5,
+        pids: 16,
+    }
+}
+
+#[test]
+fn v2_create_writes_limits_and_enables_controllers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    fake_v2_dir(r, "cpuset cpu io memory hugetlb pids", "cpu memory");
+    fake_v2_dir(&r.join("svc"), "cpu memory pids", "");
+    fake_v2_dir(&r.join("svc/sb"), "cpu memory pids", "cpu memory pids");
+    fake_v2_dir(&r.join("svc/sb/abc"), "cpu memory pids", "");
+    let root = CgroupRoot::with_root(r, Layout::V2, "/svc/sb");
+
+    let cg = root.create("abc", &res()).unwrap();
+
+    let read = |p: &str| fs::read_to_string(r.join(p)).unwrap();
+    assert_eq!(read("cgroup.subtree_control"), "+pids");
+    assert_eq!(read("svc/cgroup.subtree_control"), "+cpu +memory +pids");
+    assert_eq!(read("svc/sb/cgroup.subtree_control"), "cpu memory pids");
+    assert_eq!(read("svc/sb/abc/cgroup.subtree_control"), "");
+    assert_eq!(read("svc/sb/abc/memory.max"), (64u64 << 20).to_string());
+    assert_eq!(read("svc/sb/abc/memory.swap.max"), "0");
+    assert_eq!(read("svc/sb/abc/pids.max"), "16");
+    assert_eq!(read("svc/sb/abc/cpu.max"), "50000 100000");
+    assert_eq!(
+        cg.limits().unwrap(),
+        AppliedLimits {
+            memory_max_bytes: Some(64 << 20),
+            swap_max_bytes: Some(0),
+            pids_max: Some(16),
+            cpu_quota_usec: Some(50_000),
+            cpu_period_usec: 100_000,
+        }
+    );
+    assert!(cg.pids().unwrap().is_empty());
+}
+
+#[test]
+fn v2_create_refuses_a_busy_leftover() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    fake_v2_dir(r, "cpu memory pids", "cpu memory pids");
+    fake_v2_dir(&r.join("sandboxd"), "cpu memory pids", "cpu memory pids");
+    fake_v2_dir(&r.join("sandboxd/abc"), "cpu memory pids", "");
+    fs::write(r.join("sandboxd/abc/cgroup.procs"), "4242\n").unwrap();
+    let root = CgroupRoot::with_root(r, Layout::V2, "sandboxd");
+    let err = root.create("abc", &res()).unwrap_err();
+    assert!(matches!(err, CgroupError::Busy { .. }), "{err}");
+    assert_eq!(
+        root.open("abc").unwrap().unwrap().pids().unwrap(),
+        vec![4242]
+    );
+    assert!(root.create("a/b", &res()).is_err());
+}
+
+#[test]
+fn v2_missing_controller_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    fake_v2_dir(r, "cpu memory", "");
+    fake_v2_dir(&r.join("sandboxd"), "cpu memory", "");
+    fake_v2_dir(&r.join("sandboxd/abc"), "cpu memory", "");
+    let root = CgroupRoot::with_root(r, Layout::V2, "sandboxd");
+    match root.create("abc", &res()) {
+        Err(CgroupError::MissingController { controller, .. }) => assert_eq!(controller, "pids"),
+        other => panic!("expected MissingController, got {other:?}"),
+    }
+    // Nothing written before the check failed.
+    assert_eq!(
+        fs::read_to_string(r.join("cgroup.subtree_control")).unwrap(),
+        ""
+    );
+    let no_pids = Resources { pids: 0, ..res() };
+    root.create("abc", &no_pids).unwrap();
+    assert_eq!(
+        fs::read_to_string(r.join("sandboxd/abc/pids.max")).unwrap(),
+        ""
+    );
+    assert_eq!(
+        fs::read_to_string(r.join("sandboxd/cgroup.subtree_control")).unwrap(),
+        "+cpu +memory"
+    );
+}
+
+#[test]
+fn v2_counters_and_cgroup_kill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sandboxd/abc");
+    fake_v2_dir(&dir, "", "");
+    fs::write(
+        dir.join("memory.events"),
+        "low 0\nhigh 0\nmax 7\noom 3\noom_kill 2\noom_group_kill 9\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("cpu.stat"),
+        "usage_usec 123456\nuser_usec 100000\n",
+    )
+    .unwrap();
+    fs::write(dir.join("cgroup.kill"), "").unwrap();
+    let root = CgroupRoot::with_root(tmp.path(), Layout::V2, "sandboxd");
+    assert!(root.open("nope").unwrap().is_none());
+    let cg = root.open("abc").unwrap().unwrap();
+    assert_eq!(cg.oom_kills(), 2);
+    assert_eq!(cg.cpu_usage_usec().unwrap(), 123_456);
+    cg.kill_all().unwrap();
+    assert_eq!(fs::read_to_string(dir.join("cgroup.kill")).unwrap(), "1");
+}
+
+/// A fake v1 sandbox directory in `controller`.
+fn fake_v1(root: &Path, controller: &str, files: &[(&str, &str)]) {
+    let dir = root.join(controller).join("sandboxd/abc");
+    fs::create_dir_all(&dir).unwrap();
+    for (name, value) in files {
+        fs::write(dir.join(name), value).unwrap();
+    }
+}
+
+#[test]
+fn v1_readback_over_fake_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    fake_v1(
+        r,
+        "memory",
+        &[
+            ("memory.limit_in_bytes", "67108864\n"),
+            ("memory.memsw.limit_in_bytes", "67108864\n"),
+            (
+                "memory.oom_control",
+                "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
+            ),
+        ],
+    );
+    fake_v1(r, "pids", &[("pids.max", "16\n")]);
+    fake_v1(
+        r,
+        "cpu",
+        &[
+            ("cpu.cfs_quota_us", "50000\n"),
+            ("cpu.cfs_period_us", "100000\n"),
+        ],
+    );
+    fake_v1(r, "cpuacct", &[("cpuacct.usage", "2500000000\n")]);
+    let root = CgroupRoot::with_root(r, Layout::Hybrid, "sandboxd");
+    let cg = root.open("abc").unwrap().unwrap();
+    assert_eq!(cg.oom_kills(), 4);
+    assert_eq!(cg.cpu_usage_usec().unwrap(), 2_500_000);
+    assert_eq!(
+        cg.limits().unwrap(),
+        AppliedLimits {
+            memory_max_bytes: Some(64 << 20),
+            swap_max_bytes: Some(0),
+            pids_max: Some(16),
+            cpu_quota_usec: Some(50_000),
+            cpu_period_usec: 100_000,
+        }
+    );
+    // Unlimited as v1 spells it.
+    fake_v1(
+        r,
+        "memory",
+        &[
+            ("memory.limit_in_bytes", "9223372036854771712\n"),
+            ("memory.memsw.limit_in_bytes", "9223372036854771712\n"),
+        ],
+    );
+    fake_v1(r, "pids", &[("pids.max", "max\n")]);
+    fake_v1(r, "cpu", &[("cpu.cfs_quota_us", "-1\n")]);
+    let l = cg.limits().unwrap();
+    assert_eq!(
+        (
+            l.memory_max_bytes,
+            l.swap_max_bytes,
+            l.pids_max,
+            l.cpu_quota_usec
+        ),
+        (None, None, None, None)
+    );
+    // Without libcgroups' v1 manager (fake root) the kernel-side ops refuse.
+    assert!(matches!(
+        cg.add_task(1),
+        Err(CgroupError::V1NeedsRealRoot { .. })
+    ));
+}
+
+#[test]
+fn listing_finds_sandboxes_in_any_controller() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    for p in [
+        "memory/sandboxd/a",
+        "pids/sandboxd/b",
+        "pids/sandboxd/a",
+        "cpu/sandboxd/bad.name",
+    ] {
+        fs::create_dir_all(r.join(p)).unwrap();
+    }
+    fs::write(r.join("memory/sandboxd/cgroup.procs"), "").unwrap();
+    let root = CgroupRoot::with_root(r, Layout::V1, "sandboxd");
+    assert_eq!(root.list().unwrap(), vec!["a".to_string(), "b".to_string()]);
+    // Nothing unknown: nothing to do, nothing touched.
+    let known: HashSet<String> = ["a", "b"].iter().map(|s| s.to_string()).collect();
+    assert!(root.remove_orphans(&known).unwrap().is_empty());
+
+    let tmp2 = tempfile::tempdir().unwrap();
+    let v2 = CgroupRoot::with_root(tmp2.path(), Layout::V2, "sandboxd");
+    assert!(
+        v2.list().unwrap().is_empty(),
+        "missing parent is an empty list"
+    );
+    fs::create_dir_all(tmp2.path().join("sandboxd/x1")).unwrap();
+    fs::create_dir_all(tmp2.path().join("other/x2")).unwrap();
+    assert_eq!(v2.list().unwrap(), vec!["x1".to_string()]);
+}
+
+#[test]
+fn daemon_moves_into_leaf() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    fake_v2_dir(&r.join("system.slice/s.service/daemon"), "", "");
+    let svc = move_to_leaf(r, "0::/system.slice/s.service\n", 77, "daemon").unwrap();
+    assert_eq!(svc, Path::new("/system.slice/s.service"));
+    let procs = r.join("system.slice/s.service/daemon/cgroup.procs");
+    assert_eq!(fs::read_to_string(&procs).unwrap(), "77");
+    // Already there: nothing written.
+    fs::write(&procs, "").unwrap();
+    let svc = move_to_leaf(r, "0::/system.slice/s.service/daemon\n", 77, "daemon").unwrap();
+    assert_eq!(svc, Path::new("/system.slice/s.service"));
+    assert_eq!(fs::read_to_string(&procs).unwrap(), "");
+    assert!(move_to_leaf(r, "4:memory:/x\n", 77, "daemon").is_err());
+    assert_eq!(
+        move_to_leaf(r, "0::/\n", 77, "daemon").unwrap(),
+        Path::new("/")
+    );
+    assert!(!r.join("daemon").exists());
+}
+
+#[test]
+fn oci_resources_spec() {
+    let spec = oci_resources(&res(), true).unwrap();
+    let mem = spec.memory().unwrap();
+    assert_eq!(mem.limit(), Some(64 << 20));
+    assert_eq!(mem.swap(), Some(64 << 20));
+    assert_eq!(spec.pids().unwrap().limit(), 16);
+    assert_eq!(spec.cpu().as_ref().unwrap().quota(), Some(50_000));
+    let none = oci_resources(
+        &Resources {
+            memory_mb: 0,
+            cpus: 0.0,
+            pids: 0,
+        },
+        false,
+    )
+    .unwrap();
+    assert!(none.memory().is_none() && none.pids().is_none() && none.cpu().is_none());
+}
