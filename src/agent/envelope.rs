@@ -138,7 +138,9 @@ impl From<ExecError> for ApiError {
     fn from(err: ExecError) -> Self {
         match &err {
             ExecError::NoSuchDir { .. } => Self::bad_request(err.to_string()),
-            ExecError::Pipe(_) | ExecError::Spawn(_) => Self::internal(err.to_string()),
+            ExecError::Pipe(_) | ExecError::Spawn(_) | ExecError::Script { .. } => {
+                Self::internal(err.to_string())
+            }
         }
     }
 }

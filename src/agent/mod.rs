@@ -6,7 +6,8 @@
 //! signal to its children, waits briefly and exits cleanly.
 //!
 //! Layout: [`routes`] dispatch, [`envelope`] response shape and status
-//! mapping, [`request`] body/query decoding, [`exec`] + [`output`] commands,
+//! mapping, [`request`] body/query decoding, [`exec`] + [`supervise`] +
+//! [`output`] commands,
 //! [`reaper`] the single `waitpid` caller, [`files`] read/write, [`editor`]
 //! str_replace_editor, [`listing`] list/find, [`transfer`] upload/download,
 //! [`context`] `GET /v1/sandbox`, [`paths`] path resolution, [`shutdown`]
@@ -27,6 +28,7 @@ pub mod reaper;
 pub mod request;
 pub mod routes;
 pub mod shutdown;
+pub mod supervise;
 pub mod transfer;
 
 use std::convert::Infallible;
