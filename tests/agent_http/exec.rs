@@ -248,7 +248,8 @@ fn background_jobs_keep_writing_after_the_answer() {
     let agent = Agent::start(&[]);
     let cmd = "( for i in 1 2 3 4 5 6 7 8; do echo tick; sleep 0.1; done; echo finished > bg-done ) & echo answered";
     let d = agent.exec(json!({ "command": cmd }));
-    assert!(d["output"].as_str().unwrap().starts_with("answered\n"));
+    // The job may print its first tick before or after "answered".
+    assert!(d["output"].as_str().unwrap().contains("answered\n"));
     // Its later writes to the (still drained) pipe must not kill it.
     assert!(eventually(Duration::from_secs(5), || agent
         .path("bg-done")
