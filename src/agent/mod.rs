@@ -114,6 +114,31 @@ pub fn seal_inherited_fds() {
     }
 }
 
+/// Resets every signal the agent inherited as ignored (say, SIGINT and
+/// SIGQUIT from a non-interactive `cmd &`) to its default, so commands start
+/// with default dispositions: ignored dispositions survive exec. SIGPIPE
+/// stays as Rust sets it (std resets it for children itself). Call from
+/// `main` while single-threaded.
+pub fn reset_ignored_signals() {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return;
+    };
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap_or(0);
+    for sig in nix::sys::signal::Signal::iterator() {
+        let bit = 1u64 << (sig as i32 - 1);
+        if ignored & bit == 0 || sig == nix::sys::signal::Signal::SIGPIPE {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no handler code; `sig` is a standard
+        // signal that may be caught (SIGKILL/SIGSTOP are never ignored).
+        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+    }
+}
+
 /// The shell used for exec: bash when present, else sh.
 pub fn find_shell() -> PathBuf {
     ["/bin/bash", "/usr/bin/bash"]

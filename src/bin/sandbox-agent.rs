@@ -44,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         Err(_) => None,
     };
     agent::seal_inherited_fds();
+    agent::reset_ignored_signals();
     let args = Args::parse();
     if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds < 180.0) {
         bail!(

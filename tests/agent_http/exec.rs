@@ -208,7 +208,9 @@ fn sigterm_is_forwarded_and_the_agent_exits_cleanly() {
 
 #[test]
 fn commands_get_a_clean_signal_state() {
-    let agent = Agent::start(&[]);
+    // Started with INT, QUIT and HUP ignored, as `cmd &` or nohup would.
+    let wrapper = ["sh", "-c", "trap '' INT QUIT HUP; exec \"$0\" \"$@\""];
+    let agent = Agent::start_wrapped(&wrapper, &[]);
     // Nothing blocked or ignored is inherited from the agent (SIGPIPE,
     // which Rust ignores, included). glibc's posix_spawn leaves only its
     // internal signals 32 and 33 ignored; every glibc program resets them.
