@@ -120,8 +120,8 @@ pub fn deadlines(timeout: Option<f64>, hard_timeout: Option<f64>, cap: Duration)
     let requested = [timeout, hard_timeout]
         .into_iter()
         .flatten()
-        .filter(|t| t.is_finite() && *t > 0.0)
-        .map(Duration::from_secs_f64)
+        .filter(|t| *t > 0.0)
+        .filter_map(|t| Duration::try_from_secs_f64(t).ok())
         .min();
     let (limit, by_cap) = match requested {
         Some(t) if t < cap => (t, false),
@@ -158,8 +158,8 @@ impl Exec {
         if req.async_mode.unwrap_or(false) {
             let hard = req
                 .hard_timeout
-                .filter(|t| t.is_finite() && *t > 0.0)
-                .map(Duration::from_secs_f64);
+                .filter(|t| *t > 0.0)
+                .and_then(|t| Duration::try_from_secs_f64(t).ok());
             tokio::spawn(watch_async(child, hard));
             return Ok(ExecResult {
                 session_id,
@@ -318,6 +318,7 @@ mod tests {
             (Some(0.0), None),
             (Some(-1.0), Some(f64::NAN)),
             (Some(500.0), None),
+            (Some(1e300), Some(f64::INFINITY)),
         ] {
             let d = deadlines(t, h, CAP);
             assert!(d.by_cap);
