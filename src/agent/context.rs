@@ -31,7 +31,7 @@ const UTILS: &[(&str, &[&str])] = &[
 ];
 
 /// Static part of the context, computed once.
-fn static_context(home: &Path) -> &'static Value {
+fn static_context(home: &Path, workspace: &Path) -> &'static Value {
     static CONTEXT: OnceLock<Value> = OnceLock::new();
     CONTEXT.get_or_init(|| {
         let uname = rustix::system::uname();
@@ -42,6 +42,7 @@ fn static_context(home: &Path) -> &'static Value {
             .or_else(|| std::env::var("USER").ok())
             .unwrap_or_else(|| nix::unistd::getuid().to_string());
         let home_dir = home.display().to_string();
+        let workspace = workspace.display().to_string();
         let utils: Vec<Value> = UTILS
             .iter()
             .filter_map(|(category, names)| {
@@ -56,6 +57,7 @@ fn static_context(home: &Path) -> &'static Value {
             .collect();
         json!({
             "home_dir": home_dir,
+            "workspace": workspace,
             "version": env!("CARGO_PKG_VERSION"),
             "detail": {
                 "system": {
@@ -64,6 +66,7 @@ fn static_context(home: &Path) -> &'static Value {
                     "arch": uname.machine().to_string_lossy(),
                     "user": user,
                     "home_dir": home_dir,
+                    "workspace": workspace,
                     "timezone": timezone(),
                     "occupied_ports": [],
                 },
@@ -77,9 +80,10 @@ fn static_context(home: &Path) -> &'static Value {
     })
 }
 
-/// The full context value with fresh `occupied_ports`.
-pub fn context(home: &Path) -> Value {
-    let mut v = static_context(home).clone();
+/// The full context value with fresh `occupied_ports`; `workspace` is the
+/// agent's working directory.
+pub fn context(home: &Path, workspace: &Path) -> Value {
+    let mut v = static_context(home, workspace).clone();
     v["detail"]["system"]["occupied_ports"] = json!(occupied_ports());
     v
 }
@@ -200,12 +204,20 @@ mod tests {
 
     #[test]
     fn context_has_every_field_the_client_requires() {
-        let v = context(Path::new("/home/gem"));
+        let v = context(Path::new("/home/gem"), Path::new("/home/gem/w"));
         for k in ["home_dir", "version", "detail"] {
             assert!(v.get(k).is_some(), "{k}");
         }
         let s = &v["detail"]["system"];
-        for k in ["os", "os_version", "arch", "user", "home_dir", "timezone"] {
+        for k in [
+            "os",
+            "os_version",
+            "arch",
+            "user",
+            "home_dir",
+            "workspace",
+            "timezone",
+        ] {
             assert!(s[k].is_string(), "{k}");
         }
         assert!(s["occupied_ports"].is_array());

@@ -49,16 +49,11 @@ impl ApiError {
         }
     }
 
-    /// Maps an I/O error on `what` to 404 (missing), or 500.
-    pub fn from_io(err: &std::io::Error, what: &str) -> Self {
-        match (err.kind(), err.raw_os_error()) {
-            (std::io::ErrorKind::NotFound, _) => {
-                Self::not_found(format!("no such file or directory: {what}"))
-            }
-            (_, Some(libc::ENOTDIR)) => Self::bad_request(format!("not a directory: {what}")),
-            (_, Some(libc::EISDIR)) => Self::bad_request(format!("is a directory: {what}")),
-            (std::io::ErrorKind::InvalidInput, _) => Self::bad_request(format!("{what}: {err}")),
-            _ => Self::internal(format!("{what}: {err}")),
+    /// An I/O failure, with the status [`io_status`] gives it.
+    pub fn io(source: &std::io::Error, message: String) -> Self {
+        Self {
+            status: io_status(source),
+            message,
         }
     }
 
@@ -66,6 +61,18 @@ impl ApiError {
     pub fn into_response(self) -> Response<AgentBody> {
         let body = json!({"success": false, "message": self.message, "data": Value::Null});
         json_response(self.status, &body)
+    }
+}
+
+/// 404 for a missing path, 400 for a (not-)directory mismatch or invalid
+/// input, 500 for everything else (permission denied included).
+pub fn io_status(err: &std::io::Error) -> StatusCode {
+    match (err.kind(), err.raw_os_error()) {
+        (std::io::ErrorKind::NotFound, _) => StatusCode::NOT_FOUND,
+        (_, Some(libc::ENOTDIR | libc::EISDIR)) | (std::io::ErrorKind::InvalidInput, _) => {
+            StatusCode::BAD_REQUEST
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -85,11 +92,7 @@ impl From<RequestError> for ApiError {
 impl From<FileError> for ApiError {
     fn from(err: FileError) -> Self {
         match &err {
-            FileError::Io { source, path, .. } => {
-                let mut api = Self::from_io(source, &path.display().to_string());
-                api.message = err.to_string();
-                api
-            }
+            FileError::Io { source, .. } => Self::io(source, err.to_string()),
             FileError::NotUtf8 { .. }
             | FileError::IsDirectory { .. }
             | FileError::Base64(_)
@@ -97,8 +100,8 @@ impl From<FileError> for ApiError {
             | FileError::OldStrNotUnique { .. }
             | FileError::MissingField { .. }
             | FileError::UnsupportedCommand { .. }
-            | FileError::InvalidLine { .. } => Self::bad_request(err.to_string()),
-            FileError::NoHistory { .. } => Self::bad_request(err.to_string()),
+            | FileError::InvalidLine { .. }
+            | FileError::NoHistory { .. } => Self::bad_request(err.to_string()),
         }
     }
 }
@@ -106,11 +109,7 @@ impl From<FileError> for ApiError {
 impl From<ListingError> for ApiError {
     fn from(err: ListingError) -> Self {
         match &err {
-            ListingError::Io { source, .. } => {
-                let mut api = Self::from_io(source, "");
-                api.message = err.to_string();
-                api
-            }
+            ListingError::Io { source, .. } => Self::io(source, err.to_string()),
             ListingError::NotADirectory { .. } | ListingError::Pattern(_) => {
                 Self::bad_request(err.to_string())
             }
@@ -121,11 +120,7 @@ impl From<ListingError> for ApiError {
 impl From<TransferError> for ApiError {
     fn from(err: TransferError) -> Self {
         match &err {
-            TransferError::Io { source, .. } => {
-                let mut api = Self::from_io(source, "");
-                api.message = err.to_string();
-                api
-            }
+            TransferError::Io { source, .. } => Self::io(source, err.to_string()),
             TransferError::IsDirectory { .. }
             | TransferError::MissingPath
             | TransferError::MissingFile
@@ -138,7 +133,9 @@ impl From<ExecError> for ApiError {
     fn from(err: ExecError) -> Self {
         match &err {
             ExecError::NoSuchDir { .. } => Self::bad_request(err.to_string()),
-            ExecError::Pipe(_) | ExecError::Spawn(_) => Self::internal(err.to_string()),
+            ExecError::Pipe(_) | ExecError::Spawn(_) | ExecError::Script { .. } => {
+                Self::internal(err.to_string())
+            }
         }
     }
 }
@@ -199,13 +196,15 @@ mod tests {
     #[test]
     fn io_errors_map_to_status() {
         let nf = std::io::Error::from(std::io::ErrorKind::NotFound);
-        assert_eq!(ApiError::from_io(&nf, "x").status, StatusCode::NOT_FOUND);
+        assert_eq!(io_status(&nf), StatusCode::NOT_FOUND);
         let dir = std::io::Error::from_raw_os_error(libc::EISDIR);
-        assert_eq!(ApiError::from_io(&dir, "x").status, StatusCode::BAD_REQUEST);
-        let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(io_status(&dir), StatusCode::BAD_REQUEST);
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(io_status(&denied), StatusCode::INTERNAL_SERVER_ERROR);
+        let api = ApiError::io(&nf, "read /x: gone".into());
         assert_eq!(
-            ApiError::from_io(&other, "x").status,
-            StatusCode::INTERNAL_SERVER_ERROR
+            (api.status, api.message.as_str()),
+            (StatusCode::NOT_FOUND, "read /x: gone")
         );
     }
 }

@@ -12,29 +12,34 @@
 //!
 //! Owns: spawning and timing exec children. Must not reap (see `reaper`).
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use rustix::pipe::{pipe_with, PipeFlags};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe::Receiver;
 use tokio::time::Instant;
 
 use super::output::OutputBuf;
 use super::paths::PathBase;
-use super::reaper::{kill_group, ChildExit, ExitReceiver, Reaper};
+use super::reaper::Reaper;
 use super::request::lenient;
+use super::supervise::{wait_or_kill, watch_async, Child, ScriptFile};
 
 /// Environment variable never passed on to commands.
 pub const READY_FD_ENV: &str = "SANDBOX_AGENT_READY_FD";
 
 /// Exit code reported when the agent killed a command for its time limit.
 pub const TIMEOUT_EXIT_CODE: i32 = 124;
+
+/// Commands longer than this run from a script file (one argv string is
+/// limited to 128 KiB by the kernel).
+pub const INLINE_COMMAND_MAX: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -44,6 +49,12 @@ pub enum ExecError {
     Pipe(#[source] std::io::Error),
     #[error("starting the shell: {0}")]
     Spawn(#[source] std::io::Error),
+    #[error("writing the command's script file {path}: {source}")]
+    Script {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Node-level settings for exec.
@@ -109,8 +120,8 @@ pub fn deadlines(timeout: Option<f64>, hard_timeout: Option<f64>, cap: Duration)
     let requested = [timeout, hard_timeout]
         .into_iter()
         .flatten()
-        .filter(|t| t.is_finite() && *t > 0.0)
-        .map(Duration::from_secs_f64)
+        .filter(|t| *t > 0.0)
+        .filter_map(|t| Duration::try_from_secs_f64(t).ok())
         .min();
     let (limit, by_cap) = match requested {
         Some(t) if t < cap => (t, false),
@@ -135,8 +146,9 @@ impl Exec {
             _ => fresh_session_id(),
         };
         let dir = self.work_dir(&req)?;
-        let (pid, exit_rx, reader) = self.spawn(&req.command, dir)?;
         let start = Instant::now();
+        let child = self.spawn(&req.command, dir)?;
+        let pid = child.pid;
         let keep = if req.truncate.unwrap_or(true) {
             self.config.output_limit
         } else {
@@ -144,8 +156,11 @@ impl Exec {
         };
 
         if req.async_mode.unwrap_or(false) {
-            let hard = req.hard_timeout.filter(|t| t.is_finite() && *t > 0.0);
-            tokio::spawn(watch_async(pid, exit_rx, reader, hard));
+            let hard = req
+                .hard_timeout
+                .filter(|t| *t > 0.0)
+                .and_then(|t| Duration::try_from_secs_f64(t).ok());
+            tokio::spawn(watch_async(child, hard));
             return Ok(ExecResult {
                 session_id,
                 command: req.command,
@@ -157,7 +172,8 @@ impl Exec {
 
         let dl = deadlines(req.timeout, req.hard_timeout, self.config.cap);
         let mut out = OutputBuf::new(keep);
-        let waited = wait_or_kill(pid, exit_rx, reader, &mut out, start, dl).await;
+        let (kill_at, respond_by) = (start + dl.kill_after, start + dl.respond_by);
+        let waited = wait_or_kill(child, &mut out, kill_at, respond_by).await;
         let why = if keep == self.config.output_limit {
             format!("limit {} bytes, pass truncate:false for more", keep)
         } else {
@@ -210,18 +226,20 @@ impl Exec {
         }
     }
 
-    fn spawn(
-        &self,
-        command: &str,
-        dir: PathBuf,
-    ) -> Result<(i32, ExitReceiver, Receiver), ExecError> {
+    fn spawn(&self, command: &str, dir: PathBuf) -> Result<Child, ExecError> {
         let (read_end, write_end) =
             pipe_with(PipeFlags::CLOEXEC).map_err(|e| ExecError::Pipe(e.into()))?;
         let write_dup = write_end.try_clone().map_err(ExecError::Pipe)?;
         let mut cmd = Command::new(&self.config.shell);
-        cmd.arg("-c")
-            .arg(command)
-            .current_dir(dir)
+        let script = if command.len() > INLINE_COMMAND_MAX {
+            let script = write_script(command)?;
+            cmd.arg(&script.0);
+            Some(script)
+        } else {
+            cmd.arg("-c").arg(command);
+            None
+        };
+        cmd.current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::from(write_end))
             .stderr(Stdio::from(write_dup))
@@ -232,102 +250,32 @@ impl Exec {
         // arrives once every process holding the pipe is gone.
         drop(cmd);
         let reader = Receiver::from_owned_fd(read_end).map_err(ExecError::Pipe)?;
-        Ok((pid, exit_rx, reader))
+        Ok(Child {
+            pid,
+            exit_rx,
+            reader,
+            script,
+        })
     }
 }
 
-/// Reads output until the shell exits (→ its status) or the kill deadline
-/// passes (→ the group is killed, `None`). Always returns by `respond_by`.
-async fn wait_or_kill(
-    pid: i32,
-    mut exit_rx: ExitReceiver,
-    mut reader: Receiver,
-    out: &mut OutputBuf,
-    start: Instant,
-    dl: Deadlines,
-) -> Option<ChildExit> {
-    let kill_at = start + dl.kill_after;
-    let respond_by = start + dl.respond_by;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut eof = false;
-    let exited = loop {
-        tokio::select! {
-            read = reader.read(&mut buf), if !eof => match read {
-                Ok(0) | Err(_) => eof = true,
-                Ok(n) => out.push(&buf[..n]),
-            },
-            exit = &mut exit_rx => break exit.ok(),
-            _ = tokio::time::sleep_until(kill_at) => break None,
-        }
+/// Writes a long command to a private file in the temp dir for the shell.
+fn write_script(command: &str) -> Result<ScriptFile, ExecError> {
+    let tag: u64 = rand::random();
+    let path = std::env::temp_dir().join(format!(".sandbox-agent-cmd-{tag:016x}.sh"));
+    let err = |source| ExecError::Script {
+        path: path.clone(),
+        source,
     };
-    if let Some(exit) = exited {
-        // Output written before the exit is already in the pipe; background
-        // jobs may keep it open, so stop at the first quiet moment.
-        let until = respond_by.min(Instant::now() + Duration::from_millis(500));
-        drain(&mut reader, out, &mut buf, until, eof).await;
-        return Some(exit);
-    }
-    let _ = kill_group(pid, Signal::SIGKILL);
-    let mid = kill_at + (respond_by - kill_at) / 2;
-    let _ = tokio::time::timeout_at(mid, exit_rx).await;
-    drain(&mut reader, out, &mut buf, respond_by, eof).await;
-    None
-}
-
-/// Reads what is left until EOF, 50 ms without data, or `until`.
-async fn drain(
-    reader: &mut Receiver,
-    out: &mut OutputBuf,
-    buf: &mut [u8],
-    until: Instant,
-    eof: bool,
-) {
-    if eof {
-        return;
-    }
-    loop {
-        let quiet = Instant::now() + Duration::from_millis(50);
-        match tokio::time::timeout_at(until.min(quiet), reader.read(buf)).await {
-            Ok(Ok(n)) if n > 0 => out.push(&buf[..n]),
-            _ => return,
-        }
-    }
-}
-
-/// Background half of `async_mode`: discards output, enforces `hard`.
-async fn watch_async(pid: i32, mut exit_rx: ExitReceiver, mut reader: Receiver, hard: Option<f64>) {
-    let deadline = hard.map(|h| Instant::now() + Duration::from_secs_f64(h));
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut eof = false;
-    loop {
-        tokio::select! {
-            read = reader.read(&mut buf), if !eof => if matches!(read, Ok(0) | Err(_)) { eof = true },
-            exit = &mut exit_rx => {
-                tracing::info!(pid, exit_code = exit.ok().map(ChildExit::code), "async exec finished");
-                break;
-            }
-            _ = sleep_until_opt(deadline) => {
-                let _ = kill_group(pid, Signal::SIGKILL);
-                tracing::info!(pid, "async exec killed at its hard_timeout");
-                let _ = exit_rx.await;
-                break;
-            }
-        }
-    }
-    // Keep the pipe drained while background jobs still write to it.
-    while !eof {
-        match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => eof = true,
-            Ok(_) => {}
-        }
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(err)?;
+    let script = ScriptFile(path.clone());
+    file.write_all(command.as_bytes()).map_err(err)?;
+    Ok(script)
 }
 
 /// A random UUID-v4-shaped id.
@@ -370,6 +318,7 @@ mod tests {
             (Some(0.0), None),
             (Some(-1.0), Some(f64::NAN)),
             (Some(500.0), None),
+            (Some(1e300), Some(f64::INFINITY)),
         ] {
             let d = deadlines(t, h, CAP);
             assert!(d.by_cap);

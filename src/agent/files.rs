@@ -63,7 +63,7 @@ pub enum FileError {
 
 impl FileError {
     pub fn io(op: &'static str, path: &Path, source: std::io::Error) -> Self {
-        // Directories show up as EISDIR on write, as EISDIR on read(2).
+        // Reading or writing a directory fails with EISDIR: a 400, not a 500.
         if source.raw_os_error() == Some(libc::EISDIR) {
             return Self::IsDirectory {
                 path: path.to_path_buf(),

@@ -6,11 +6,13 @@
 //! signal to its children, waits briefly and exits cleanly.
 //!
 //! Layout: [`routes`] dispatch, [`envelope`] response shape and status
-//! mapping, [`request`] body/query decoding, [`exec`] + [`output`] commands,
-//! [`reaper`] the single `waitpid` caller, [`files`] read/write, [`editor`]
+//! mapping, [`request`] body/query decoding, [`exec`] + [`supervise`] +
+//! [`output`] commands, [`reaper`] the single `waitpid` caller, [`shutdown`]
+//! which SIGTERMs stop the agent, [`files`] read/write, [`editor`]
 //! str_replace_editor, [`listing`] list/find, [`transfer`] upload/download,
-//! [`context`] `GET /v1/sandbox`, [`paths`] path resolution, [`shutdown`]
-//! which SIGTERMs stop the agent.
+//! [`context`] `GET /v1/sandbox`, [`paths`] path resolution.
+//!
+//! Operator and backend-developer documentation: `docs/agent.md`.
 //!
 //! Must not: use tokio::process or any other `wait` (the reaper owns it),
 //! log request contents (commands and files may hold secrets).
@@ -27,6 +29,7 @@ pub mod reaper;
 pub mod request;
 pub mod routes;
 pub mod shutdown;
+pub mod supervise;
 pub mod transfer;
 
 use std::convert::Infallible;
@@ -108,6 +111,31 @@ pub fn seal_inherited_fds() {
     // The directory's own fd is closed by now; the rest only get a flag.
     for fd in fds {
         let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+}
+
+/// Resets every signal the agent inherited as ignored (say, SIGINT and
+/// SIGQUIT from a non-interactive `cmd &`) to its default, so commands start
+/// with default dispositions: ignored dispositions survive exec. SIGPIPE
+/// stays as Rust sets it (std resets it for children itself). Call from
+/// `main` while single-threaded.
+pub fn reset_ignored_signals() {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return;
+    };
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap_or(0);
+    for sig in nix::sys::signal::Signal::iterator() {
+        let bit = 1u64 << (sig as i32 - 1);
+        if ignored & bit == 0 || sig == nix::sys::signal::Signal::SIGPIPE {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no handler code; `sig` is a standard
+        // signal that may be caught (SIGKILL/SIGSTOP are never ignored).
+        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
     }
 }
 

@@ -67,7 +67,10 @@ impl Reaper {
     /// before any child is spawned.
     pub fn start() -> Result<Arc<Self>, ReaperError> {
         if std::process::id() != 1 {
-            nix::sys::prctl::set_child_subreaper(true).map_err(ReaperError::Subreaper)?;
+            // Not fatal: without it orphans go to the real init, which reaps.
+            if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+                tracing::warn!(error = %ReaperError::Subreaper(e), "orphans will not be reaped here");
+            }
         }
         let mut sigchld = signal(SignalKind::child()).map_err(ReaperError::SignalHandler)?;
         let reaper = Arc::new(Self::default());

@@ -79,7 +79,7 @@ impl Routes {
         let base = self.base.clone();
         match (req.method().clone(), path.as_str()) {
             (Method::GET | Method::HEAD, "/v1/sandbox") => {
-                let mut v = context(&base.home);
+                let mut v = context(&base.home, &base.cwd);
                 let data = v.clone();
                 v["success"] = true.into();
                 v["message"] = "Sandbox is running".into();

@@ -44,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         Err(_) => None,
     };
     agent::seal_inherited_fds();
+    agent::reset_ignored_signals();
     let args = Args::parse();
     if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds < 180.0) {
         bail!(
@@ -61,6 +62,8 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
+    let term_grace = Duration::try_from_secs_f64(args.term_grace_seconds)
+        .context("the SIGTERM grace must be a non-negative number of seconds")?;
     let config = AgentConfig {
         listen: args.listen,
         ready_fd,
@@ -71,7 +74,7 @@ fn main() -> anyhow::Result<()> {
             output_hard_limit: args.output_hard_limit_bytes.max(args.output_limit_bytes),
         },
         base: agent::path_base(),
-        term_grace: Duration::from_secs_f64(args.term_grace_seconds.max(0.0)),
+        term_grace,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

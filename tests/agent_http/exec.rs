@@ -208,7 +208,9 @@ fn sigterm_is_forwarded_and_the_agent_exits_cleanly() {
 
 #[test]
 fn commands_get_a_clean_signal_state() {
-    let agent = Agent::start(&[]);
+    // Started with INT, QUIT and HUP ignored, as `cmd &` or nohup would.
+    let wrapper = ["sh", "-c", "trap '' INT QUIT HUP; exec \"$0\" \"$@\""];
+    let agent = Agent::start_wrapped(&wrapper, &[]);
     // Nothing blocked or ignored is inherited from the agent (SIGPIPE,
     // which Rust ignores, included). glibc's posix_spawn leaves only its
     // internal signals 32 and 33 ignored; every glibc program resets them.
@@ -224,4 +226,63 @@ fn commands_get_a_clean_signal_state() {
     // Open fds: only 0, 1, 2 (and the one grep itself opens for /proc).
     let d = agent.exec(json!({"command": "ls /proc/self/fd"}));
     assert_eq!(d["output"], "0\n1\n2\n3\n");
+}
+
+#[test]
+fn long_commands_run_from_a_removed_script_file() {
+    let agent = Agent::start(&[]);
+    let cmd = format!("echo \"$0\"; x={}; echo ${{#x}}", "a".repeat(200_000));
+    let d = agent.exec(json!({ "command": cmd }));
+    let out = d["output"].as_str().unwrap();
+    let mut lines = out.lines();
+    let script = lines.next().unwrap().to_owned();
+    assert_eq!(lines.next(), Some("200000"), "{out:.200}");
+    assert_eq!(d["exit_code"], 0);
+    assert!(
+        eventually(Duration::from_secs(2), || !std::path::Path::new(&script)
+            .exists()),
+        "{script} left behind"
+    );
+}
+
+#[test]
+fn background_jobs_keep_writing_after_the_answer() {
+    let agent = Agent::start(&[]);
+    let cmd = "( for i in 1 2 3 4 5 6 7 8; do echo tick; sleep 0.1; done; echo finished > bg-done ) & echo answered";
+    let d = agent.exec(json!({ "command": cmd }));
+    // The job may print its first tick before or after "answered".
+    assert!(d["output"].as_str().unwrap().contains("answered\n"));
+    // Its later writes to the (still drained) pipe must not kill it.
+    assert!(eventually(Duration::from_secs(5), || agent
+        .path("bg-done")
+        .exists()));
+}
+
+#[test]
+fn an_abandoned_request_kills_its_command() {
+    use std::io::Write;
+    let agent = Agent::start(&[]);
+    let body = serde_json::to_vec(&json!({"command": "echo $$ > leader.pid; sleep 60"})).unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", agent.port)).unwrap();
+    write!(s, "POST /v1/shell/exec HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()).unwrap();
+    s.write_all(&body).unwrap();
+    assert!(eventually(Duration::from_secs(5), || agent
+        .path("leader.pid")
+        .exists()));
+    let mut leader = 0;
+    assert!(eventually(Duration::from_secs(2), || {
+        leader = std::fs::read_to_string(agent.path("leader.pid"))
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        leader > 0
+    }));
+    assert!(proc_state(leader).is_some());
+    drop(s);
+    assert!(
+        eventually(Duration::from_secs(5), || proc_state(leader).is_none()),
+        "command outlived its request: {:?}",
+        proc_state(leader)
+    );
 }
