@@ -384,6 +384,9 @@ impl Config {
         if let Some(v) = env.get("SANDBOXD_STATE_DIR").filter(|v| !v.is_empty()) {
             self.state_dir = PathBuf::from(v);
         }
+        if let Some(v) = env.get("SANDBOXD_CGROUP_PARENT").filter(|v| !v.is_empty()) {
+            self.native.cgroup_parent = v;
+        }
         if let Some(v) = env
             .get("SANDBOXD_SANDBOX_ENV_FILE")
             .filter(|v| !v.is_empty())

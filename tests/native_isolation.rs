@@ -142,7 +142,12 @@ struct Snapshot {
 
 /// What belongs to the daemon `daemon_pid` with state under `state` (other
 /// tests run concurrently, so only this daemon's objects are counted).
-fn snapshot(daemon_pid: u32, state: &std::path::Path, prefix: &str) -> Snapshot {
+fn snapshot(
+    daemon_pid: u32,
+    state: &std::path::Path,
+    cgroup_parent: &str,
+    prefix: &str,
+) -> Snapshot {
     let mut agents = 0;
     let mut nets = BTreeSet::new();
     for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
@@ -204,7 +209,7 @@ async fn fifty_create_delete_cycles_leak_nothing() {
     let dirs = NativeDirs::new();
     let d = Daemon::start_native(&dirs, &[]);
     common::mkdir_user(&dirs.workspace("u1").join("p"));
-    let before = snapshot(d.pid(), d.state_dir.path(), "cycle");
+    let before = snapshot(d.pid(), d.state_dir.path(), &dirs.cgroup_parent, "cycle");
     for i in 0..50 {
         let id = format!("cycle{}", i % 3);
         let (s, v) = d
@@ -226,13 +231,13 @@ async fn fifty_create_delete_cycles_leak_nothing() {
         assert_eq!(s, 200);
     }
     // Give the kernel a moment to tear down namespaces of exited processes.
-    let mut after = snapshot(d.pid(), d.state_dir.path(), "cycle");
+    let mut after = snapshot(d.pid(), d.state_dir.path(), &dirs.cgroup_parent, "cycle");
     for _ in 0..50 {
         if after == before {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
-        after = snapshot(d.pid(), d.state_dir.path(), "cycle");
+        after = snapshot(d.pid(), d.state_dir.path(), &dirs.cgroup_parent, "cycle");
     }
     assert_eq!(after, before, "something leaked");
     assert_eq!(before.agents, 0);

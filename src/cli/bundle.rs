@@ -72,13 +72,18 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
     let base = bundle::load_base(cfg.native.base_spec.as_deref())?;
     let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
     let out = std::path::absolute(&args.out)?;
+    let cgroup_path = PathBuf::from(format!(
+        "/{}/{}",
+        cfg.native.cgroup_parent.trim_matches('/'),
+        spec.sandbox_id
+    ));
     let oci = bundle::build_spec(
         &base,
         &spec,
         &new_generation(),
         &host,
         &out.join("files"),
-        None,
+        Some(&cgroup_path),
         Some(&seccomp.oci),
     )?;
     bundle::write_bundle(&out, &oci, Some(&seccomp.verbatim))?;

@@ -357,18 +357,28 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     })
 }
 
+/// Moves this process into the cgroup named by `linux.cgroupsPath`
+/// (`/<parent>/<sandbox_id>`, created and limited by the daemon).
 fn join_cgroup(spec: &Spec) -> Result<(), InitError> {
-    match spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.cgroups_path().as_ref())
-    {
-        None => Ok(()),
-        Some(p) => Err(InitError::JoinCgroup(format!(
-            "this build cannot join cgroup {}",
-            p.display()
-        ))),
-    }
+    let Some(path) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) else {
+        return Ok(());
+    };
+    let e = |m: String| InitError::JoinCgroup(format!("{}: {m}", path.display()));
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| e("no sandbox id in the path".into()))?;
+    let parent = path
+        .parent()
+        .map(|p| p.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let root = crate::cgroups::CgroupRoot::detect(&parent).map_err(|x| e(x.to_string()))?;
+    let cg = root
+        .open(id)
+        .map_err(|x| e(x.to_string()))?
+        .ok_or_else(|| e("the cgroup does not exist".into()))?;
+    cg.add_task(std::process::id() as i32)
+        .map_err(|x| e(x.to_string()))
 }
 
 /// Compiles the `linux.seccomp` section of `config.json` exactly as

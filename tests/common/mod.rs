@@ -208,6 +208,23 @@ pub fn privileged(test: &str) -> bool {
 /// Host directories of a native-backend daemon under test.
 pub struct NativeDirs {
     pub root: tempfile::TempDir,
+    /// A cgroup parent of this test's own, so concurrent test daemons
+    /// never take each other's cgroups for orphans.
+    pub cgroup_parent: String,
+}
+
+impl Drop for NativeDirs {
+    fn drop(&mut self) {
+        for c in [
+            "memory", "pids", "cpu", "cpuacct", "cpuset", "freezer", "devices", "blkio", "unified",
+            "",
+        ] {
+            let p = std::path::Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join(&self.cgroup_parent);
+            let _ = std::fs::remove_dir(p);
+        }
+    }
 }
 
 impl NativeDirs {
@@ -216,7 +233,18 @@ impl NativeDirs {
             .prefix("sandboxd-test-")
             .tempdir()
             .unwrap();
-        NativeDirs { root }
+        let cgroup_parent = format!(
+            "sandboxd-test-{}",
+            root.path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .trim_start_matches("sandboxd-test-")
+        );
+        NativeDirs {
+            root,
+            cgroup_parent,
+        }
     }
     pub fn user_data(&self) -> std::path::PathBuf {
         self.root.path().join("user-data")
@@ -245,6 +273,7 @@ impl Daemon {
             ("SANDBOXD_USER_DATA_ROOT", ud.as_str()),
             ("SANDBOXD_SKILLS_ROOT", sk.as_str()),
             ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "30"),
+            ("SANDBOXD_CGROUP_PARENT", dirs.cgroup_parent.as_str()),
         ];
         all.extend_from_slice(env);
         Daemon::start(&all, &[])

@@ -18,6 +18,7 @@ use oci_spec::runtime::{LinuxSeccomp, Spec};
 use tracing::{info, warn};
 
 use super::{Backend, BackendError, Upstream};
+use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
 use crate::model::{
     new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
@@ -68,6 +69,7 @@ struct Live {
     record: SandboxRecord,
     handle: Arc<ProcHandle>,
     netns: Arc<OwnedFd>,
+    cgroup: Option<Arc<SandboxCgroup>>,
 }
 
 pub struct NativeBackend {
@@ -76,6 +78,7 @@ pub struct NativeBackend {
     base: Spec,
     init_path: PathBuf,
     seccomp: Seccomp,
+    cgroups: CgroupRoot,
     dialer: NetnsDialer,
     live: Mutex<HashMap<String, Live>>,
 }
@@ -136,6 +139,7 @@ impl NativeBackend {
             limits: cfg.limits.clone(),
         };
         let base = bundle::load_base(cfg.native.base_spec.as_deref()).map_err(internal)?;
+        let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent).map_err(internal)?;
         let state = StateDir::new(&cfg.state_dir);
         std::fs::create_dir_all(state.root()).map_err(internal)?;
         // Sandboxes are re-parented to us when their launcher exits, so we
@@ -147,10 +151,21 @@ impl NativeBackend {
             base,
             init_path,
             seccomp,
+            cgroups,
             dialer: NetnsDialer::start().map_err(internal)?,
             live: Mutex::new(HashMap::new()),
         };
         backend.reconcile();
+        // Cgroups under our parent that no known sandbox owns: kill and
+        // remove them (remains of a crash, or of sandboxes removed by hand).
+        let known: std::collections::HashSet<String> = backend.live().keys().cloned().collect();
+        match backend.cgroups.remove_orphans(&known) {
+            Ok(removed) if !removed.is_empty() => {
+                info!(?removed, "removed orphan cgroups");
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "cannot remove orphan cgroups"),
+        }
         Ok(backend)
     }
 
@@ -191,13 +206,14 @@ impl NativeBackend {
         generation: &str,
         dir: &Path,
     ) -> Result<Spec, BackendError> {
+        let cgroup_path = self.cgroups.relative_path(&spec.sandbox_id);
         let oci = bundle::build_spec(
             &self.base,
             spec,
             generation,
             &self.host,
             &dir.join("files"),
-            None,
+            Some(&cgroup_path),
             Some(&self.seccomp.oci),
         )
         .map_err(internal)?;
@@ -205,7 +221,8 @@ impl NativeBackend {
         Ok(oci)
     }
 
-    /// Kills what a failed or deleted incarnation left and removes its
+    /// Kills what a failed or deleted incarnation left (its PID 1, then
+    /// every process of its cgroup), removes the cgroup and the sandbox's
     /// directory. Never touches user files.
     fn destroy(&self, id: &str, handle: Option<&ProcHandle>) {
         if let Some(h) = handle {
@@ -213,6 +230,18 @@ impl NativeBackend {
             if !h.wait_exit(Duration::from_secs(10)) {
                 warn!(sandbox_id = %id, pid = h.pid, "sandbox PID 1 did not exit after SIGKILL");
             }
+        }
+        match self.cgroups.open(id) {
+            Ok(Some(cg)) => {
+                if let Err(e) = cg.kill_all() {
+                    warn!(sandbox_id = %id, error = %e, "cannot kill the sandbox's cgroup");
+                }
+                if let Err(e) = cg.remove() {
+                    warn!(sandbox_id = %id, error = %e, "cannot remove the sandbox's cgroup");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
         }
         if let Err(e) = self.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
@@ -247,6 +276,14 @@ impl NativeBackend {
             self.destroy(&id, handle);
             e
         };
+        if let Err(e) = self.state.save(&st) {
+            return Err(fail(internal(e), None));
+        }
+        let cgroup = match self.cgroups.create(&id, &spec.resources) {
+            Ok(cg) => cg,
+            Err(e) => return Err(fail(internal(e), None)),
+        };
+        st.cgroup = Some(self.cgroups.relative_path(&id).display().to_string());
         if let Err(e) = self.state.save(&st) {
             return Err(fail(internal(e), None));
         }
@@ -298,6 +335,7 @@ impl NativeBackend {
                 record: record.clone(),
                 handle: Arc::new(handle),
                 netns,
+                cgroup: Some(Arc::new(cgroup)),
             },
         );
         Ok(record)
@@ -397,6 +435,21 @@ impl Backend for Native {
             }
             _ => SandboxStatus::Exited,
         }
+    }
+
+    async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
+        let mut r = record.clone();
+        r.status = self.status(record).await;
+        if let Some(l) = self.0.live().get(&record.sandbox_id) {
+            if l.record.generation == record.generation {
+                if let Some(cg) = &l.cgroup {
+                    if cg.oom_kills() > 0 {
+                        r.oom_killed = Some(true);
+                    }
+                }
+            }
+        }
+        r
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {

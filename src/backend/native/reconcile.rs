@@ -48,6 +48,7 @@ impl NativeBackend {
                                 record: record_of(&st, SandboxStatus::Running),
                                 handle: Arc::new(h),
                                 netns: Arc::new(ns),
+                                cgroup: self.cgroups.open(&id).ok().flatten().map(Arc::new),
                             },
                         );
                         adopted += 1;
