@@ -186,7 +186,7 @@ fn snapshot(
             list(
                 &std::path::Path::new("/sys/fs/cgroup")
                     .join(c)
-                    .join("sandboxd"),
+                    .join(cgroup_parent),
             )
             .into_iter()
             .filter(|p| p.rsplit('/').next().unwrap_or("").starts_with(prefix)),
