@@ -1,0 +1,47 @@
+//! Building the `kube::Client`: `KUBECONFIG_PATH` when set, else the
+//! in-cluster service account, else the default kubeconfig
+//! (`$KUBECONFIG` or `~/.kube/config`). Credentials are never logged.
+
+use std::path::Path;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tracing::info;
+
+use super::KubeError;
+
+/// Loads the client configuration in the documented order.
+pub async fn load_config(kubeconfig_path: Option<&Path>) -> Result<kube::Config, KubeError> {
+    if let Some(path) = kubeconfig_path {
+        let kc = Kubeconfig::read_from(path)
+            .map_err(|e| KubeError::Credentials(format!("kubeconfig {}: {e}", path.display())))?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| KubeError::Credentials(format!("kubeconfig {}: {e}", path.display())))?;
+        info!(source = "kubeconfig_path", path = %path.display(), cluster = %cfg.cluster_url,
+              "kubernetes credentials loaded");
+        return Ok(cfg);
+    }
+    match kube::Config::incluster() {
+        Ok(cfg) => {
+            info!(source = "in-cluster", cluster = %cfg.cluster_url, "kubernetes credentials loaded");
+            Ok(cfg)
+        }
+        Err(in_cluster) => {
+            let cfg = kube::Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .map_err(|e| {
+                    KubeError::Credentials(format!(
+                        "not in a cluster ({in_cluster}) and no default kubeconfig ({e})"
+                    ))
+                })?;
+            info!(source = "default kubeconfig", cluster = %cfg.cluster_url,
+                  "kubernetes credentials loaded");
+            Ok(cfg)
+        }
+    }
+}
+
+/// A client for `cfg`.
+pub fn client(cfg: kube::Config) -> Result<kube::Client, KubeError> {
+    kube::Client::try_from(cfg).map_err(|e| KubeError::Client(Box::new(e)))
+}
