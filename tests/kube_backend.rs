@@ -378,3 +378,59 @@ async fn missing_workdir_is_a_400_and_cleans_up() {
     );
     assert!(c.fake.pods().is_empty());
 }
+
+#[tokio::test]
+async fn pod_ip_mode_connects_to_the_pod_and_makes_a_cluster_ip_service() {
+    let c = Cluster::new();
+    let up = upstream::start().await;
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("config.toml");
+    std::fs::write(&toml, "[kubernetes]\nconnect_mode = \"pod-ip\"\n").unwrap();
+    let port = up.port().to_string();
+    let d = c.daemon(&[
+        ("SANDBOXD_CONFIG", toml.to_str().unwrap()),
+        ("SANDBOX_CONTAINER_PORT", port.as_str()),
+    ]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("p1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let svc = &c.fake.services()[0];
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert!(svc["spec"]["ports"][0].get("nodePort").is_none());
+    let (s, _, body) = d
+        .call(
+            "GET",
+            "/api/sandboxes/p1/proxy/echo",
+            None,
+            Some(common::TOKEN),
+        )
+        .await;
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+#[tokio::test]
+async fn a_leftover_service_of_another_incarnation_is_replaced() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let name = object_name("l1");
+    let stale = c.fake.insert_service(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "sandboxes",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
+                                 "uid": "00000000-dead-0000-0000-000000000000"}]},
+        "spec": {"type": "NodePort", "ports": [{"port": 8080, "nodePort": 30999}]}}));
+    let d = c.daemon(&[]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("l1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let svcs = c.fake.services();
+    assert_eq!(svcs.len(), 1);
+    assert_ne!(svcs[0]["metadata"]["uid"].as_str(), Some(stale.as_str()));
+    assert_eq!(
+        svcs[0]["metadata"]["ownerReferences"][0]["uid"],
+        v["generation"]
+    );
+}

@@ -395,6 +395,17 @@ impl FakeApi {
         self.insert_pod(pod, ip.as_deref())
     }
 
+    /// Inserts a Service as another client would create it; returns its UID.
+    pub fn insert_service(&self, mut svc: Value) -> String {
+        let uid = new_uid();
+        svc["metadata"]["uid"] = json!(uid);
+        let name = svc["metadata"]["name"].as_str().unwrap().to_string();
+        self.st()
+            .objects
+            .insert(("services".to_string(), name), svc);
+        uid
+    }
+
     pub fn requests(&self) -> Vec<String> {
         self.st().log.clone()
     }

@@ -3,6 +3,7 @@
 //! (`$KUBECONFIG` or `~/.kube/config`). Credentials are never logged.
 
 use std::path::Path;
+use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tracing::info;
@@ -41,7 +42,16 @@ pub async fn load_config(kubeconfig_path: Option<&Path>) -> Result<kube::Config,
     }
 }
 
-/// A client for `cfg`.
-pub fn client(cfg: kube::Config) -> Result<kube::Client, KubeError> {
+/// Bound on connecting to the API server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one API call's response (kube's default is almost 5 minutes:
+/// far longer than any create or discover may block).
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client for `cfg`, with bounded connect/read timeouts.
+pub fn client(mut cfg: kube::Config) -> Result<kube::Client, KubeError> {
+    cfg.connect_timeout = Some(CONNECT_TIMEOUT);
+    cfg.read_timeout = Some(READ_TIMEOUT);
+    cfg.write_timeout = Some(READ_TIMEOUT);
     kube::Client::try_from(cfg).map_err(|e| KubeError::Client(Box::new(e)))
 }

@@ -151,10 +151,11 @@ impl KubeBackend {
         let name = names::object_name(id);
         let mut pause = POLL_MIN;
         loop {
-            let pod = self
-                .pods
-                .get_opt(&name)
+            // Never wait on one call past the deadline.
+            let left = deadline.saturating_duration_since(Instant::now()) + POLL_MIN;
+            let pod = tokio::time::timeout(left, self.pods.get_opt(&name))
                 .await
+                .map_err(|_| KubeError::NotReady(id.to_string(), timeout))?
                 .map_err(|e| KubeError::api("get", "pod", &name, e))?;
             let Some(pod) = pod.filter(|p| status::uid(p) == Some(uid)) else {
                 return Err(KubeError::Ended(name));

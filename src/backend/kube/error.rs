@@ -25,6 +25,9 @@ pub enum KubeError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// An API call took longer than the operation may wait.
+    #[error("{op} {name}: the API server did not answer in time")]
+    Timeout { op: &'static str, name: String },
     /// The Pod's UID precondition did not hold: another incarnation lives.
     #[error("pod {name} is not at generation {generation} (uid precondition failed)")]
     Fenced { name: String, generation: String },

@@ -34,6 +34,9 @@ pub use error::KubeError;
 pub use spec::{ConnectMode, SpecConfig};
 
 use cache::Cache;
+
+/// Bound on the one API call a status check may make.
+const STATUS_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 use error::api_code;
 
 pub struct KubeBackend {
@@ -78,10 +81,13 @@ impl KubeBackend {
             }
         }
         let name = names::object_name(id);
-        let pod = self
-            .pods
-            .get_opt(&name)
+        // A status check never blocks a discover for long.
+        let pod = tokio::time::timeout(STATUS_CALL_TIMEOUT, self.pods.get_opt(&name))
             .await
+            .map_err(|_| KubeError::Timeout {
+                op: "get",
+                name: name.clone(),
+            })?
             .map_err(|e| KubeError::api("get", "pod", &name, e))?;
         match pod {
             Some(p) if status::uid(&p) == Some(record.generation.as_str()) => {
