@@ -434,3 +434,53 @@ async fn a_leftover_service_of_another_incarnation_is_replaced() {
         v["generation"]
     );
 }
+
+#[tokio::test]
+async fn recreate_waits_for_a_terminating_pod_and_quiesce_for_it_to_go() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    c.fake.graceful_deletes(true);
+    let d = c.daemon(&[]);
+    let name = object_name("t1");
+    let (_, a) = d
+        .json("POST", "/api/sandboxes", Some(create_body("t1", "t", "u")))
+        .await;
+    let (s, _) = d.json("DELETE", "/api/sandboxes/t1", None).await;
+    assert_eq!(s, 200);
+    assert!(c.fake.pod(&name).unwrap()["metadata"]["deletionTimestamp"].is_string());
+    // A new create of the same id waits for the old Pod to go.
+    let client = tokio::spawn({
+        let url = d.url("/api/sandboxes");
+        async move { post(&url, create_body("t1", "t", "u")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !client.is_finished(),
+        "create did not wait for the terminating pod"
+    );
+    c.fake.finish_deletions();
+    let (s, b) = client.await.unwrap();
+    assert_eq!(s, 200, "{b}");
+    assert_ne!(b["generation"], a["generation"]);
+
+    // Quiesce answers only once the backend lists no Pod at all.
+    let quiesce = tokio::spawn({
+        let url = d.url("/api/sandboxes/quiesce?timeout_seconds=30");
+        async move { post(&url, json!({})).await }
+    });
+    wait_for("the pod to be terminating", || {
+        c.fake
+            .pod(&name)
+            .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !quiesce.is_finished(),
+        "quiesce returned with a pod still terminating"
+    );
+    c.fake.finish_deletions();
+    let (s, v) = quiesce.await.unwrap();
+    assert_eq!(s, 200, "{v}");
+    assert!(c.fake.pods().is_empty());
+}

@@ -30,6 +30,9 @@ struct State {
     auto_ready: Option<String>,
     /// When set, every Service gets this node port.
     node_port: Option<u16>,
+    /// Pods are deleted gracefully: they stay, with a deletionTimestamp,
+    /// until [`FakeApi::finish_deletions`].
+    graceful: bool,
     /// "METHOD path?query" of every request.
     log: Vec<String>,
 }
@@ -193,6 +196,13 @@ impl State {
                              UID in precondition: {want}, UID in object meta: {have}"));
                     }
                 }
+                if self.graceful && resource == "pods" {
+                    let obj = self.objects.get_mut(&key).unwrap();
+                    if obj["metadata"].get("deletionTimestamp").is_none() {
+                        obj["metadata"]["deletionTimestamp"] = json!(now());
+                    }
+                    return (200, obj.clone());
+                }
                 (200, self.objects.remove(&key).unwrap())
             }
             _ => status(405, "MethodNotAllowed", format!("{method} {path}")),
@@ -319,6 +329,18 @@ impl FakeApi {
     /// New Pods become Ready at once with `ip` (None: stay Pending).
     pub fn auto_ready(&self, ip: Option<&str>) {
         self.st().auto_ready = ip.map(str::to_string);
+    }
+
+    /// Pod deletes leave terminating Pods behind until `finish_deletions`.
+    pub fn graceful_deletes(&self, on: bool) {
+        self.st().graceful = on;
+    }
+
+    /// Removes every terminating Pod (their grace period ran out).
+    pub fn finish_deletions(&self) {
+        self.st()
+            .objects
+            .retain(|_, o| o["metadata"].get("deletionTimestamp").is_none());
     }
 
     /// Every Service gets `port` as its node port.
