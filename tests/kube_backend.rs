@@ -484,3 +484,23 @@ async fn recreate_waits_for_a_terminating_pod_and_quiesce_for_it_to_go() {
     assert_eq!(s, 200, "{v}");
     assert!(c.fake.pods().is_empty());
 }
+
+#[test]
+fn a_missing_kubeconfig_stops_the_daemon_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path())
+        .env_remove("SANDBOXD_CONFIG")
+        .env("SANDBOX_PROVISIONER_TOKEN", common::TOKEN)
+        .env("PROVISIONER_BACKEND", "kubernetes")
+        .env("KUBECONFIG_PATH", dir.path().join("nope"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot start the kubernetes backend") && err.contains("nope"),
+        "{err}"
+    );
+}

@@ -55,3 +55,29 @@ pub fn client(mut cfg: kube::Config) -> Result<kube::Client, KubeError> {
     cfg.write_timeout = Some(READ_TIMEOUT);
     kube::Client::try_from(cfg).map_err(|e| KubeError::Client(Box::new(e)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An https cluster needs a working TLS stack (a rustls crypto
+    /// provider): building the client must not fail or panic.
+    #[tokio::test]
+    async fn https_client_builds_from_a_kubeconfig() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    insecure-skip-tls-verify: false\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: not-a-real-token\n",
+        )
+        .unwrap();
+        let cfg = load_config(Some(&path)).await.unwrap();
+        assert_eq!(cfg.cluster_url.scheme_str(), Some("https"));
+        client(cfg).unwrap();
+        let e = load_config(Some(&dir.path().join("missing")))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing"), "{e}");
+    }
+}
