@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use super::ServeArgs;
 use crate::api::{self, auth, AppState, Listener};
+use crate::backend::kube::KubeBackend;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::native::{Native, NativeBackend};
 use crate::backend::Backend;
@@ -92,7 +93,16 @@ async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
             Ok(Arc::new(Native(Arc::new(nb))))
         }
         BackendKind::Kubernetes => {
-            bail!("the kubernetes backend is not available in this build yet")
+            let backend = KubeBackend::from_config(cfg)
+                .await
+                .context("cannot start the kubernetes backend")?;
+            info!(
+                namespace = %cfg.kubernetes.namespace,
+                connect_mode = %cfg.kubernetes.connect_mode,
+                seccomp = %cfg.kubernetes.seccomp,
+                "kubernetes backend ready"
+            );
+            Ok(Arc::new(backend))
         }
     }
 }

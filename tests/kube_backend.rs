@@ -1,0 +1,506 @@
+//! The kube backend end to end: the real `sandboxd` binary with
+//! `PROVISIONER_BACKEND=kubernetes`, its `KUBECONFIG_PATH` pointing at an
+//! in-process fake API server (`kube_fake`), driven through the provisioner
+//! HTTP API. The fake enforces what the backend relies on (409s, 404s, UID
+//! preconditions, label selectors, node ports); the tests drive Pod
+//! readiness.
+
+mod common;
+mod kube_fake;
+
+use std::time::{Duration, Instant};
+
+use common::{create_body, upstream, Daemon};
+use kube_fake::FakeApi;
+use sandboxd::backend::kube::names::object_name;
+use serde_json::{json, Value};
+
+struct Cluster {
+    fake: FakeApi,
+    _dir: tempfile::TempDir,
+    kubeconfig: String,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let fake = FakeApi::start();
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kubeconfig");
+        fake.write_kubeconfig(&kc, "sandboxes");
+        Cluster {
+            fake,
+            kubeconfig: kc.display().to_string(),
+            _dir: dir,
+        }
+    }
+
+    fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
+        let mut env = vec![
+            ("PROVISIONER_BACKEND", "kubernetes"),
+            ("KUBECONFIG_PATH", self.kubeconfig.as_str()),
+            ("K8S_NAMESPACE", "sandboxes"),
+            ("NODE_HOST", "127.0.0.1"),
+            ("USER_DATA_PVC", "sandbox-user-data"),
+            ("SKILLS_PVC", "sandbox-skills"),
+            ("SANDBOX_IMAGE", "registry.example.com/sandbox:1.0"),
+            ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "20"),
+        ];
+        env.extend_from_slice(extra);
+        Daemon::start(&env, &[])
+    }
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn uid_of(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn create_reuse_identity_list_proxy_and_delete() {
+    let c = Cluster::new();
+    let up = upstream::start().await;
+    c.fake.auto_ready(Some("127.0.0.1"));
+    c.fake.fixed_node_port(up.port());
+    let d = c.daemon(&[]);
+
+    let (s, a) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("k1", "t1", "alice")),
+        )
+        .await;
+    assert_eq!(s, 200, "{a}");
+    let name = object_name("k1");
+    let pod = c.fake.pod(&name).expect("pod made");
+    // Generation = Pod UID.
+    assert_eq!(a["generation"].as_str(), Some(uid_of(&pod).as_str()));
+    assert_eq!(a["status"], "running");
+    assert_eq!(pod["metadata"]["labels"]["sandbox-id"], "k1");
+    assert_eq!(pod["metadata"]["annotations"]["sandboxd.io/uid"], "alice");
+    let svcs = c.fake.services();
+    assert_eq!(svcs.len(), 1);
+    assert_eq!(
+        svcs[0]["metadata"]["ownerReferences"][0]["uid"],
+        pod["metadata"]["uid"]
+    );
+
+    // Same identity: reused, same generation, nothing new in the cluster.
+    let (s, b) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("k1", "t1", "alice")),
+        )
+        .await;
+    assert_eq!((s, &b["generation"]), (200, &a["generation"]));
+    assert_eq!(c.fake.pods().len(), 1);
+    // Other identity: 400.
+    let (s, v) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("k1", "t2", "alice")),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v["detail"]
+        .as_str()
+        .unwrap()
+        .contains("identity does not match"));
+
+    let (s, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!((s, v["count"].as_u64()), (200, Some(1)));
+    let (s, v) = d.json("GET", "/api/sandboxes/k1", None).await;
+    assert_eq!((s, &v["status"]), (200, &json!("running")));
+
+    // The proxy reaches the sandbox through NODE_HOST:<nodePort>.
+    let (s, _, body) = d
+        .call(
+            "GET",
+            "/api/sandboxes/k1/proxy/echo?x=1",
+            None,
+            Some(common::TOKEN),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let echo: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(echo["path"], "/echo");
+    assert!(echo["headers"].get("authorization").is_none());
+
+    let (s, v) = d
+        .json(
+            "DELETE",
+            &format!(
+                "/api/sandboxes/k1?expected_generation={}",
+                a["generation"].as_str().unwrap()
+            ),
+            None,
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true, "sandbox_id": "k1"})));
+    assert!(c.fake.pods().is_empty());
+    assert!(c.fake.services().is_empty());
+    // Every Pod delete carried the UID precondition (checked by the fake);
+    // deleting an absent sandbox is fine.
+    let (s, _) = d.json("DELETE", "/api/sandboxes/k1", None).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test]
+async fn create_waits_for_readiness_and_ephemeral_has_no_pvc() {
+    let c = Cluster::new();
+    let d = c.daemon(&[]);
+    let name = object_name("eph_1");
+    let client = tokio::spawn({
+        let url = d.url("/api/sandboxes");
+        async move {
+            let body = json!({"sandbox_id": "eph_1", "thread_id": "t", "uid": "bob", "inherit_env": false});
+            post(&url, body).await
+        }
+    });
+    wait_for("the pod", || c.fake.pod(&name).is_some()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !client.is_finished(),
+        "create returned before the pod was ready"
+    );
+    c.fake.set_ready(&name, "127.0.0.1");
+    let (s, v) = client.await.unwrap();
+    assert_eq!(s, 200, "{v}");
+    let pod = c.fake.pod(&name).unwrap();
+    assert_eq!(v["generation"].as_str(), Some(uid_of(&pod).as_str()));
+    let vols = pod["spec"]["volumes"].as_array().unwrap();
+    assert!(
+        vols.iter()
+            .all(|v| v.get("persistentVolumeClaim").is_none()),
+        "{vols:?}"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["sandboxd.io/storage"],
+        "ephemeral"
+    );
+    drop(d);
+}
+
+async fn post(url: &str, body: Value) -> (u16, Value) {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<common::Body>();
+    let req = http::Request::post(url)
+        .header("authorization", format!("Bearer {}", common::TOKEN))
+        .body(common::full(serde_json::to_vec(&body).unwrap()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let s = resp.status().as_u16();
+    let b = resp.into_body().collect().await.unwrap().to_bytes();
+    (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn readiness_timeout_cleans_up_pod_and_service() {
+    let c = Cluster::new();
+    let d = c.daemon(&[("SANDBOX_HEALTH_TIMEOUT_SECONDS", "2")]);
+    let started = Instant::now();
+    let (s, v) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("slow1", "t", "u")),
+        )
+        .await;
+    assert_eq!(s, 500, "{v}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(c.fake.pods().is_empty(), "{:?}", c.fake.pods());
+    assert!(c.fake.services().is_empty(), "{:?}", c.fake.services());
+    let (s, _) = d.json("GET", "/api/sandboxes/slow1", None).await;
+    assert_eq!(s, 404);
+    // The cleanup delete was fenced on the Pod's UID.
+    assert!(c
+        .fake
+        .requests()
+        .iter()
+        .any(|r| r.starts_with("DELETE /api/v1/namespaces/sandboxes/pods/")));
+}
+
+#[tokio::test]
+async fn conflict_409_is_recovered_by_identity() {
+    let c = Cluster::new();
+    let d = c.daemon(&[]);
+    // Another daemon replica made "r1" (same identity) and "r2" (another
+    // identity) behind this daemon's back.
+    let (s, made) = post_via_other_daemon(&c, "r1", "t", "u").await;
+    assert_eq!(s, 200);
+    let (_, other) = post_via_other_daemon(&c, "r2", "other-thread", "u").await;
+
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("r1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["generation"], made["generation"],
+        "the existing pod was adopted"
+    );
+    assert_eq!(c.fake.pods().len(), 2);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("r2", "t", "u")))
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("identity does not match"),
+        "{v}"
+    );
+    // Both went through POST -> 409 AlreadyExists -> GET.
+    let posts = c
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("POST /api/v1/namespaces/sandboxes/pods"))
+        .count();
+    assert_eq!(posts, 4);
+    // The other identity's pod is untouched.
+    let pod = c.fake.pod(&object_name("r2")).unwrap();
+    assert_eq!(Some(uid_of(&pod).as_str()), other["generation"].as_str());
+}
+
+/// Creates a sandbox through a second daemon on the same cluster, then
+/// stops that daemon (sandboxes outlive it).
+async fn post_via_other_daemon(c: &Cluster, id: &str, thread: &str, uid: &str) -> (u16, Value) {
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let other = c.daemon(&[]);
+    let r = other
+        .json("POST", "/api/sandboxes", Some(create_body(id, thread, uid)))
+        .await;
+    drop(other);
+    c.fake.auto_ready(None);
+    r
+}
+
+#[tokio::test]
+async fn stale_generation_delete_is_refused_by_the_api_server() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let d = c.daemon(&[]);
+    let (_, a) = d
+        .json("POST", "/api/sandboxes", Some(create_body("g1", "t", "u")))
+        .await;
+    let old = a["generation"].as_str().unwrap().to_string();
+    // Another replica replaced the Pod: the daemon still holds `old`.
+    let new_uid = c.fake.recreate_pod(&object_name("g1"));
+    assert_ne!(new_uid, old);
+    let (s, v) = d
+        .json(
+            "DELETE",
+            &format!("/api/sandboxes/g1?expected_generation={old}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    let pod = c
+        .fake
+        .pod(&object_name("g1"))
+        .expect("the newer pod survives");
+    assert_eq!(uid_of(&pod), new_uid);
+    assert_eq!(c.fake.services().len(), 1, "its service survives too");
+    // Without expected_generation the daemon still fences on what it holds.
+    let (s, v) = d.json("DELETE", "/api/sandboxes/g1", None).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(c.fake.pod(&object_name("g1")).is_some());
+}
+
+#[tokio::test]
+async fn restart_adopts_and_quiesce_deletes_everything() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let d = c.daemon(&[]);
+    let mut gens = Vec::new();
+    for id in ["q1", "q2"] {
+        let (s, v) = d
+            .json("POST", "/api/sandboxes", Some(create_body(id, "t", "u")))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        gens.push(v["generation"].clone());
+    }
+    drop(d);
+    // A new daemon finds them by label selector, with the same generations.
+    let d = c.daemon(&[]);
+    let (_, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(v["count"], 2, "{v}");
+    let (_, v) = d.json("GET", "/api/sandboxes/q1", None).await;
+    assert_eq!(v["generation"], gens[0]);
+    assert!(c
+        .fake
+        .requests()
+        .iter()
+        .any(|r| r.contains("labelSelector=app%3Dsandboxd-sandbox")));
+
+    let (s, v) = d
+        .json("POST", "/api/sandboxes/quiesce?timeout_seconds=30", None)
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true, "deleted": 2})));
+    assert!(c.fake.pods().is_empty());
+    assert!(c.fake.services().is_empty());
+    let (s, _) = d
+        .json("POST", "/api/sandboxes", Some(create_body("q3", "t", "u")))
+        .await;
+    assert_eq!(s, 503);
+}
+
+#[tokio::test]
+async fn missing_workdir_is_a_400_and_cleans_up() {
+    let c = Cluster::new();
+    let d = c.daemon(&[]);
+    let name = object_name("w1");
+    let client = tokio::spawn({
+        let url = d.url("/api/sandboxes");
+        async move {
+            let body = json!({"sandbox_id": "w1", "thread_id": "t", "uid": "u", "workdir_path": "projects/nope"});
+            post(&url, body).await
+        }
+    });
+    wait_for("the pod", || c.fake.pod(&name).is_some()).await;
+    c.fake.fail_init(&name, 42);
+    let (s, v) = client.await.unwrap();
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("projects/nope"),
+        "{v}"
+    );
+    assert!(c.fake.pods().is_empty());
+}
+
+#[tokio::test]
+async fn pod_ip_mode_connects_to_the_pod_and_makes_a_cluster_ip_service() {
+    let c = Cluster::new();
+    let up = upstream::start().await;
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("config.toml");
+    std::fs::write(&toml, "[kubernetes]\nconnect_mode = \"pod-ip\"\n").unwrap();
+    let port = up.port().to_string();
+    let d = c.daemon(&[
+        ("SANDBOXD_CONFIG", toml.to_str().unwrap()),
+        ("SANDBOX_CONTAINER_PORT", port.as_str()),
+    ]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("p1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let svc = &c.fake.services()[0];
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert!(svc["spec"]["ports"][0].get("nodePort").is_none());
+    let (s, _, body) = d
+        .call(
+            "GET",
+            "/api/sandboxes/p1/proxy/echo",
+            None,
+            Some(common::TOKEN),
+        )
+        .await;
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+#[tokio::test]
+async fn a_leftover_service_of_another_incarnation_is_replaced() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let name = object_name("l1");
+    let stale = c.fake.insert_service(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "sandboxes",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
+                                 "uid": "00000000-dead-0000-0000-000000000000"}]},
+        "spec": {"type": "NodePort", "ports": [{"port": 8080, "nodePort": 30999}]}}));
+    let d = c.daemon(&[]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("l1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let svcs = c.fake.services();
+    assert_eq!(svcs.len(), 1);
+    assert_ne!(svcs[0]["metadata"]["uid"].as_str(), Some(stale.as_str()));
+    assert_eq!(
+        svcs[0]["metadata"]["ownerReferences"][0]["uid"],
+        v["generation"]
+    );
+}
+
+#[tokio::test]
+async fn recreate_waits_for_a_terminating_pod_and_quiesce_for_it_to_go() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    c.fake.graceful_deletes(true);
+    let d = c.daemon(&[]);
+    let name = object_name("t1");
+    let (_, a) = d
+        .json("POST", "/api/sandboxes", Some(create_body("t1", "t", "u")))
+        .await;
+    let (s, _) = d.json("DELETE", "/api/sandboxes/t1", None).await;
+    assert_eq!(s, 200);
+    assert!(c.fake.pod(&name).unwrap()["metadata"]["deletionTimestamp"].is_string());
+    // A new create of the same id waits for the old Pod to go.
+    let client = tokio::spawn({
+        let url = d.url("/api/sandboxes");
+        async move { post(&url, create_body("t1", "t", "u")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !client.is_finished(),
+        "create did not wait for the terminating pod"
+    );
+    c.fake.finish_deletions();
+    let (s, b) = client.await.unwrap();
+    assert_eq!(s, 200, "{b}");
+    assert_ne!(b["generation"], a["generation"]);
+
+    // Quiesce answers only once the backend lists no Pod at all.
+    let quiesce = tokio::spawn({
+        let url = d.url("/api/sandboxes/quiesce?timeout_seconds=30");
+        async move { post(&url, json!({})).await }
+    });
+    wait_for("the pod to be terminating", || {
+        c.fake
+            .pod(&name)
+            .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !quiesce.is_finished(),
+        "quiesce returned with a pod still terminating"
+    );
+    c.fake.finish_deletions();
+    let (s, v) = quiesce.await.unwrap();
+    assert_eq!(s, 200, "{v}");
+    assert!(c.fake.pods().is_empty());
+}
+
+#[test]
+fn a_missing_kubeconfig_stops_the_daemon_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path())
+        .env_remove("SANDBOXD_CONFIG")
+        .env("SANDBOX_PROVISIONER_TOKEN", common::TOKEN)
+        .env("PROVISIONER_BACKEND", "kubernetes")
+        .env("KUBECONFIG_PATH", dir.path().join("nope"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot start the kubernetes backend") && err.contains("nope"),
+        "{err}"
+    );
+}
