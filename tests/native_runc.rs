@@ -108,25 +108,42 @@ impl Drop for Container {
     }
 }
 
-/// Sends `GET /v1/sandbox` over `stream`; returns the whole response.
-fn get_context(stream: std::net::TcpStream) -> String {
+/// Sends one HTTP/1.1 request (`Connection: close`) over `stream`; returns
+/// the whole response.
+fn http(stream: std::net::TcpStream, method: &str, path: &str, body: &str) -> String {
     let mut stream = stream;
     stream.set_nonblocking(false).unwrap();
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    stream
-        .write_all(b"GET /v1/sandbox HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nConnection: close\r\n\r\n")
-        .unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).unwrap();
     let mut resp = Vec::new();
     stream.read_to_end(&mut resp).unwrap();
     String::from_utf8_lossy(&resp).into_owned()
 }
 
+/// What the agent under a runtime answered.
+struct Answers {
+    /// `GET /v1/sandbox`.
+    context: String,
+    /// `POST /v1/shell/exec` of [`EXEC`].
+    exec: String,
+    /// The file the command wrote to the workspace, read on the host.
+    host_file: Option<(String, u32)>,
+}
+
+/// Identity, filter and workspace as the payload sees them.
+const EXEC: &str = r#"{"command":"pwd; id -u; grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; echo hi > from-runtime","timeout":20}"#;
+
 /// Runs the bundle with `runtime` and talks to the agent inside. `Err`
 /// carries the runtime's refusal (its stderr and log) for the caller to
 /// judge.
-async fn agent_answers_under(runtime: &'static str) -> Result<String, String> {
+async fn agent_answers_under(runtime: &'static str) -> Result<Answers, String> {
     let dir = tempfile::Builder::new()
         .prefix("sandboxd-runc-")
         .tempdir()
@@ -174,39 +191,77 @@ async fn agent_answers_under(runtime: &'static str) -> Result<String, String> {
     let dialer = NetnsDialer::start().unwrap();
     let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
     let end = Instant::now() + Duration::from_secs(30);
-    let stream = loop {
-        match dialer.connect(netns.clone(), addr).await {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < end => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(100)).await;
+    let connect = || async {
+        loop {
+            match dialer.connect(netns.clone(), addr).await {
+                Ok(s) => break s.into_std().unwrap(),
+                Err(_) if Instant::now() < end => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!(
+                    "the agent under {runtime} never listened: {e}\nagent stderr: {}\nlog: {}",
+                    read(&stderr),
+                    read(&log)
+                ),
             }
-            Err(e) => panic!(
-                "the agent under {runtime} never listened: {e}\nagent stderr: {}\nlog: {}",
-                read(&stderr),
-                read(&log)
-            ),
         }
     };
-    let stream = stream.into_std().unwrap();
-    let resp = tokio::task::spawn_blocking(move || get_context(stream))
+    let stream = connect().await;
+    let context = tokio::task::spawn_blocking(move || http(stream, "GET", "/v1/sandbox", ""))
         .await
         .unwrap();
+    let stream = connect().await;
+    let exec = tokio::task::spawn_blocking(move || http(stream, "POST", "/v1/shell/exec", EXEC))
+        .await
+        .unwrap();
+    let written = dir
+        .path()
+        .join("user-data/shared/u1/workspace/proj/from-runtime");
+    let host_file = std::fs::read_to_string(&written).ok().map(|text| {
+        use std::os::unix::fs::MetadataExt;
+        (text, std::fs::metadata(&written).unwrap().uid())
+    });
     drop(container);
-    Ok(resp)
+    Ok(Answers {
+        context,
+        exec,
+        host_file,
+    })
 }
 
-fn assert_context_ok(runtime: &str, resp: &str) {
-    println!("{runtime}: {resp}");
+fn assert_agent_ok(runtime: &str, a: &Answers) {
+    println!("{runtime}: {}\n{}", a.context, a.exec);
     assert!(
-        resp.starts_with("HTTP/1.1 200"),
-        "{runtime}: GET /v1/sandbox: {resp}"
+        a.context.starts_with("HTTP/1.1 200"),
+        "{runtime}: GET /v1/sandbox: {}",
+        a.context
     );
-    assert!(resp.contains("\"success\":true"), "{runtime}: {resp}");
-    // The identity the bundle gave the agent: cwd is the workdir.
-    assert!(resp.contains("/home/gem"), "{runtime}: {resp}");
+    assert!(
+        a.context.contains("\"success\":true"),
+        "{runtime}: {}",
+        a.context
+    );
+    assert!(
+        a.exec.starts_with("HTTP/1.1 200"),
+        "{runtime}: POST /v1/shell/exec: {}",
+        a.exec
+    );
+    let body = &a.exec[a.exec.find("\r\n\r\n").unwrap() + 4..];
+    let v: serde_json::Value = serde_json::from_str(body).expect("exec answer is JSON");
+    assert_eq!(v["data"]["exit_code"], 0, "{runtime}: {v}");
+    // The bundle's identity: cwd is the workdir, user 1000, the profile
+    // from config.json installed by the runtime, no_new_privs.
+    assert_eq!(
+        v["data"]["output"], "/home/gem/user-data/proj\n1000\nNoNewPrivs:\t1\nSeccomp:\t2\n",
+        "{runtime}: {v}"
+    );
+    // The workspace bind is the user's directory on the host, writable.
+    assert_eq!(
+        a.host_file,
+        Some(("hi\n".to_string(), 1000)),
+        "{runtime}: the write did not reach the host workspace"
+    );
 }
-
 #[tokio::test]
 async fn runc_runs_the_bundle_and_the_agent_answers() {
     if !privileged("runc_runs_the_bundle_and_the_agent_answers") {
@@ -221,7 +276,7 @@ async fn runc_runs_the_bundle_and_the_agent_answers() {
         return;
     }
     match agent_answers_under("runc").await {
-        Ok(resp) => assert_context_ok("runc", &resp),
+        Ok(a) => assert_agent_ok("runc", &a),
         // A refusal is a bug in the bundle builder: report it verbatim.
         Err(e) => panic!("runc refused sandboxd's bundle:\n{e}"),
     }
@@ -240,7 +295,7 @@ async fn crun_runs_the_bundle_and_the_agent_answers() {
         return;
     }
     match agent_answers_under("crun").await {
-        Ok(resp) => assert_context_ok("crun", &resp),
+        Ok(a) => assert_agent_ok("crun", &a),
         // crun does not support every hybrid (v1 + unified) cgroup layout.
         Err(e) if e.contains("cgroup") => eprintln!(
             "\n*** SKIPPED crun_runs_the_bundle_and_the_agent_answers: crun refused this \
