@@ -318,7 +318,7 @@ async fn exec_timeout_kills_the_process_group_and_answers_before_n() {
             "for f in child grandchild; do p=$(cat /tmp/$f.pid); \
                for i in $(seq 50); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; \
                kill -0 $p 2>/dev/null && echo $f alive || echo $f gone; done; \
-             pgrep -c sleep || true",
+             cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$' || true",
         )
         .await;
     assert_eq!(code, 0, "{out}");
