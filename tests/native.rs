@@ -273,3 +273,54 @@ async fn a_directory_swapped_for_a_symlink_is_never_mounted() {
     assert!(v["detail"].as_str().unwrap().contains("symlink"), "{v}");
     assert_eq!(children_of(d.pid()), 0, "a sandbox process was left behind");
 }
+
+#[tokio::test]
+async fn exec_timeout_kills_the_process_group_and_answers_before_n() {
+    if !privileged("exec_timeout_kills_the_process_group_and_answers_before_n") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let (s, v) = d.create(body("to", "t", "u1", None)).await;
+    assert_eq!(s, 200, "{v}");
+    // A background child and a grandchild in the command's process group,
+    // both outliving the timeout unless the whole group is killed.
+    let cmd = "sleep 300 & echo $! > /tmp/child.pid; \
+               bash -c 'sleep 301 & echo $! > /tmp/grandchild.pid; wait' & \
+               echo started; sleep 302";
+    let n = 5.0;
+    let started = std::time::Instant::now();
+    let (s, v) = d
+        .json(
+            "POST",
+            "/api/sandboxes/to/proxy/v1/shell/exec",
+            Some(json!({ "command": cmd, "timeout": n })),
+        )
+        .await;
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(s, 200, "{v}");
+    // The agent contract: the answer leaves before the caller's own
+    // timeout N (the client gives up at N).
+    assert!(took < n, "answered after {took:.2}s, not before {n}s");
+    assert_eq!(v["data"]["exit_code"], 124, "{v}");
+    assert_eq!(v["data"]["status"], "hard_timeout", "{v}");
+    assert!(
+        v["data"]["output"]
+            .as_str()
+            .unwrap()
+            .starts_with("started\n"),
+        "{v}"
+    );
+    // Nothing of the group survives (killed, and reaped by the agent).
+    let (out, code) = d
+        .exec(
+            "to",
+            "for f in child grandchild; do p=$(cat /tmp/$f.pid); \
+               for i in $(seq 50); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; \
+               kill -0 $p 2>/dev/null && echo $f alive || echo $f gone; done; \
+             cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$' || true",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "child gone\ngrandchild gone\n0\n");
+}

@@ -15,6 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+pub mod probe;
 pub mod upstream;
 
 pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -31,6 +32,9 @@ pub struct Daemon {
     pub state_dir: tempfile::TempDir,
     pub log: Arc<Mutex<Vec<String>>>,
     pub client: Client<HttpConnector, Body>,
+    /// On drop, stop with SIGTERM (the daemon then stops its sandboxes when
+    /// started with `SANDBOXD_STOP_SANDBOXES_ON_EXIT`) instead of SIGKILL.
+    pub graceful_drop: bool,
 }
 
 impl Daemon {
@@ -96,6 +100,7 @@ impl Daemon {
             state_dir,
             log,
             client: Client::builder(TokioExecutor::new()).build_http(),
+            graceful_drop: false,
         }
     }
 
@@ -172,6 +177,19 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if self.graceful_drop && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let end = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < end {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -264,7 +282,9 @@ impl Default for NativeDirs {
 }
 
 impl Daemon {
-    /// Starts the daemon with the native backend over `dirs`.
+    /// Starts the daemon with the native backend over `dirs`. Dropping it
+    /// stops its sandboxes too (SIGTERM with `stop_sandboxes_on_exit`), so
+    /// tests leave no sandbox processes behind; `kill()` keeps them.
     pub fn start_native(dirs: &NativeDirs, env: &[(&str, &str)]) -> Daemon {
         let ud = dirs.user_data().to_string_lossy().to_string();
         let sk = dirs.skills().to_string_lossy().to_string();
@@ -274,9 +294,12 @@ impl Daemon {
             ("SANDBOXD_SKILLS_ROOT", sk.as_str()),
             ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "30"),
             ("SANDBOXD_CGROUP_PARENT", dirs.cgroup_parent.as_str()),
+            ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true"),
         ];
         all.extend_from_slice(env);
-        Daemon::start(&all, &[])
+        let mut d = Daemon::start(&all, &[]);
+        d.graceful_drop = true;
+        d
     }
 
     /// Creates a sandbox; returns (status, body).

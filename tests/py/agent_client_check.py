@@ -4,10 +4,11 @@
     agent_client_check.py BASE_URL FILE_ROOT
 
 BASE_URL is the agent (http://127.0.0.1:8080) or a sandbox behind the
-provisioner's proxy; FILE_ROOT is a writable directory inside the sandbox
-(e.g. /tmp/check or /home/gem/check). Exits non-zero on the first failed
-check; prints one line per check. Set AGENT_CHECK_BEARER_TOKEN to send
-`Authorization: Bearer <token>` (for the daemon's proxy).
+provisioner's proxy (http://HOST/api/sandboxes/ID/proxy, with the
+provisioner's bearer token in the env SANDBOXD_TOKEN); FILE_ROOT is a
+writable directory inside the sandbox (e.g. /tmp/check or
+/home/gem/check). Exits non-zero on the first failed check; prints one line
+per check.
 """
 
 import io
@@ -31,7 +32,7 @@ def main():
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     base_url, root = sys.argv[1], sys.argv[2].rstrip("/")
-    token = os.environ.get("AGENT_CHECK_BEARER_TOKEN")
+    token = os.environ.get("SANDBOXD_TOKEN") or os.environ.get("AGENT_CHECK_BEARER_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else None
     client = Sandbox(base_url=base_url, headers=headers, timeout=60)
 

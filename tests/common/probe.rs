@@ -1,0 +1,129 @@
+//! The seccomp probe (`tests/probe/seccomp_probe.c`): building it, writing
+//! its expected-denial list from `sandboxd seccomp expect`, and checking its
+//! report. Shared by `tests/seccomp_probe.rs` (under `sandboxd seccomp run`)
+//! and `tests/native_seccomp.rs` (inside a real sandbox), so both hold the
+//! probe to the same exact-errno expectations.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sandboxd::seccomp::{audit, load_profile};
+
+const SANDBOXD: &str = env!("CARGO_BIN_EXE_sandboxd");
+
+/// Builds the probe into `dir`: static if the host has a static libc (so
+/// the binary needs nothing from the rootfs it later runs in), dynamic
+/// otherwise. `None` (after a loud message) without a C compiler; panics
+/// under `CI` without one, or when the source does not compile.
+pub fn build_probe(dir: &Path) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/probe/seccomp_probe.c");
+    let out = dir.join("seccomp_probe");
+    if Command::new("cc").arg("--version").output().is_err() {
+        if std::env::var_os("CI").is_some() {
+            panic!("cc is required under CI to build the seccomp probe");
+        }
+        eprintln!("SKIP: no C compiler (cc) on this host; the seccomp probe cannot be built");
+        return None;
+    }
+    for static_flag in [true, false] {
+        let mut c = Command::new("cc");
+        c.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&out)
+            .arg(&src);
+        if static_flag {
+            c.arg("-static");
+        }
+        let o = c.output().expect("run cc");
+        if o.status.success() {
+            return Some(out);
+        }
+        eprintln!(
+            "cc (static={static_flag}) failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    panic!("the seccomp probe does not compile");
+}
+
+/// Writes `sandboxd seccomp expect [--profile P]` to
+/// `dir/expected-denials.txt` and returns its path.
+pub fn write_expectations(dir: &Path, profile: Option<&Path>) -> PathBuf {
+    let mut c = Command::new(SANDBOXD);
+    c.args(["seccomp", "expect"]);
+    if let Some(p) = profile {
+        c.arg("--profile").arg(p);
+    }
+    let o = c.output().expect("run sandboxd seccomp expect");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let list = dir.join("expected-denials.txt");
+    std::fs::write(&list, &o.stdout).unwrap();
+    list
+}
+
+/// Asserts that the probe's report (`text`, its whole stdout) shows the
+/// default profile enforced exactly: no failure, a check for every expected
+/// denial (EPERM or ENOSYS as listed), both sides of every argument rule,
+/// and a clean summary. Returns the number of checks from the summary.
+pub fn assert_default_profile_enforced(text: &str) -> usize {
+    assert!(!text.contains("FAIL"), "{text}");
+
+    // Every expected denial from the profile was actually issued and checked.
+    let (profile, _) = load_profile(None).unwrap();
+    let expected = audit::expectations(&profile).unwrap();
+    assert!(expected.len() > 100, "suspiciously few expectations");
+    for e in &expected {
+        if e.name == "uprobe" || e.name == "uretprobe" {
+            continue;
+        }
+        let line = format!("ok list {}({}) ", e.name, e.nr);
+        assert!(text.contains(&line), "no check for {} ({line:?})", e.name);
+    }
+    for name in [
+        "ptrace",
+        "mount",
+        "bpf",
+        "io_uring_setup",
+        "keyctl",
+        "unshare",
+        "clone3",
+    ] {
+        assert!(
+            text.contains(&format!("ok list {name}(")),
+            "{name} not probed"
+        );
+    }
+    // Unlisted and out-of-table numbers get the default, ENOSYS.
+    for line in [
+        "ok nr 400 (unassigned) ENOSYS",
+        "ok nr 1000 (beyond the table) ENOSYS",
+    ] {
+        assert!(text.contains(line), "{line:?} missing:\n{text}");
+    }
+
+    // Both sides of every argument rule of the profile were exercised.
+    for name in audit::conditional_syscalls(&profile).unwrap() {
+        let allowed = format!("ok arg {name}(");
+        let sides: Vec<&str> = text.lines().filter(|l| l.starts_with(&allowed)).collect();
+        assert!(
+            sides.iter().any(|l| l.contains(") allowed")),
+            "no allowed-side check for {name}"
+        );
+        assert!(
+            sides.iter().any(|l| l.contains(") denied")),
+            "no denied-side check for {name}"
+        );
+    }
+
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("summary:"))
+        .expect("summary");
+    assert!(summary.ends_with(", 0 failures"), "{summary}");
+    summary
+        .trim_start_matches("summary: ")
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("check count in the summary")
+}
