@@ -266,6 +266,17 @@ impl Default for NativeDirs {
 impl Daemon {
     /// Starts the daemon with the native backend over `dirs`.
     pub fn start_native(dirs: &NativeDirs, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_native_in(dirs, tempfile::tempdir().unwrap(), env)
+    }
+
+    /// Like [`start_native`](Self::start_native) over an existing state
+    /// directory (a restart: take it from the dead daemon with
+    /// [`take_state_dir`](Self::take_state_dir)).
+    pub fn start_native_in(
+        dirs: &NativeDirs,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let ud = dirs.user_data().to_string_lossy().to_string();
         let sk = dirs.skills().to_string_lossy().to_string();
         let mut all = vec![
@@ -276,7 +287,13 @@ impl Daemon {
             ("SANDBOXD_CGROUP_PARENT", dirs.cgroup_parent.as_str()),
         ];
         all.extend_from_slice(env);
-        Daemon::start(&all, &[])
+        Daemon::start_in(state_dir, &all, &[])
+    }
+
+    /// Moves the state directory out (a fresh empty one takes its place),
+    /// so that a new daemon can start over it after this one is killed.
+    pub fn take_state_dir(&mut self) -> tempfile::TempDir {
+        std::mem::replace(&mut self.state_dir, tempfile::tempdir().unwrap())
     }
 
     /// Creates a sandbox; returns (status, body).
