@@ -32,7 +32,7 @@ pub enum LaunchError {
     Step { step: String, error: String },
     #[error("sandbox-init exited without reporting a PID ({0})")]
     NoPid(String),
-    #[error("the agent exited before it was listening (see {log})")]
+    #[error("the agent exited before it was listening; its log: {log}")]
     AgentDied { log: String },
     #[error("the agent was not listening within {0:?}")]
     Timeout(Duration),
@@ -177,8 +177,9 @@ pub fn launch(
         .read(&mut b)
         .map_err(LaunchError::Io)?;
     if n == 0 {
+        // The log itself goes with the sandbox's directory: keep its text.
         return Err(LaunchError::AgentDied {
-            log: log.display().to_string(),
+            log: std::fs::read_to_string(log).unwrap_or_default(),
         });
     }
     Ok(Launched { pid })
