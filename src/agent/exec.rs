@@ -280,12 +280,16 @@ fn command_oom_score() -> ([u8; 8], usize) {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
-        let score = (own + COMMAND_OOM_SCORE_ABOVE_AGENT).clamp(0, 1000);
-        let text = score.to_string();
+        let text = command_score(own).to_string();
         let mut buf = [0u8; 8];
         buf[..text.len()].copy_from_slice(text.as_bytes());
         (buf, text.len())
     })
+}
+
+/// A command's `oom_score_adj` for an agent at `own`.
+fn command_score(own: i32) -> i32 {
+    (own + COMMAND_OOM_SCORE_ABOVE_AGENT).clamp(0, 1000)
 }
 
 /// Writes `score` (from [`command_oom_score`]) to the child's
@@ -346,6 +350,22 @@ mod tests {
     use super::*;
 
     const CAP: Duration = Duration::from_secs(170);
+
+    #[test]
+    fn commands_run_above_the_agents_oom_score() {
+        assert_eq!(command_score(-500), 0);
+        assert_eq!(command_score(0), 500);
+        assert_eq!(command_score(-1000), 0);
+        assert_eq!(command_score(700), 1000);
+        let (buf, len) = command_oom_score();
+        let text = std::str::from_utf8(&buf[..len]).unwrap();
+        let own: i32 = std::fs::read_to_string("/proc/self/oom_score_adj")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(text, command_score(own).to_string());
+    }
 
     #[test]
     fn timeout_is_answered_before_n() {

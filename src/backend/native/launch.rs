@@ -177,10 +177,19 @@ pub fn launch(
         .read(&mut b)
         .map_err(LaunchError::Io)?;
     if n == 0 {
-        // The log itself goes with the sandbox's directory: keep its text.
-        return Err(LaunchError::AgentDied {
-            log: std::fs::read_to_string(log).unwrap_or_default(),
-        });
+        // The log itself goes with the sandbox's directory: keep its end.
+        return Err(LaunchError::AgentDied { log: log_tail(log) });
     }
     Ok(Launched { pid })
+}
+
+/// The last few KiB of a launch log, for an error message.
+fn log_tail(log: &Path) -> String {
+    const MAX: usize = 4096;
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut start = text.len().saturating_sub(MAX);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
 }
