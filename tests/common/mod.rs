@@ -214,7 +214,16 @@ pub struct NativeDirs {
 }
 
 impl Drop for NativeDirs {
+    /// Kills and removes whatever the test left under its cgroup parent
+    /// (sandboxes outlive a dropped daemon by design, and a failed test
+    /// never reaches its deletes), then the parent itself. Declare the
+    /// `NativeDirs` before the `Daemon` so the daemon is gone first.
     fn drop(&mut self) {
+        if let Ok(root) = sandboxd::cgroups::CgroupRoot::detect(&self.cgroup_parent) {
+            if let Err(e) = root.remove_orphans(&Default::default()) {
+                eprintln!("cleanup of cgroup parent {}: {e}", self.cgroup_parent);
+            }
+        }
         for c in [
             "memory", "pids", "cpu", "cpuacct", "cpuset", "freezer", "devices", "blkio", "unified",
             "",
