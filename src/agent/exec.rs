@@ -245,6 +245,10 @@ impl Exec {
             .stderr(Stdio::from(write_dup))
             .env_remove(READY_FD_ENV)
             .process_group(0);
+        let score = command_oom_score();
+        // SAFETY: the hook only calls open/write/close (async-signal-safe)
+        // on a static path and a copied buffer, and allocates nothing.
+        unsafe { cmd.pre_exec(move || set_oom_score(score)) };
         let (pid, exit_rx) = self.reaper.spawn(&mut cmd).map_err(ExecError::Spawn)?;
         // Dropping the Command closes our copies of the write end, so EOF
         // arrives once every process holding the pipe is gone.
@@ -257,6 +261,55 @@ impl Exec {
             script,
         })
     }
+}
+
+/// How far above the agent's own `oom_score_adj` its commands run.
+const COMMAND_OOM_SCORE_ABOVE_AGENT: i32 = 500;
+
+/// The `oom_score_adj` of every command, as the bytes to write: the agent's
+/// own score (-500 from the base spec) plus 500, within 0..=1000. So the
+/// OOM killer prefers a command over the agent (PID 1: its death ends the
+/// sandbox): with the spec's -500 commands are back at 0, the kernel's
+/// default; on a host where the launcher could not lower the agent's score
+/// (no CAP_SYS_RESOURCE) commands go to 500 instead. Raising a score needs
+/// no privilege. Read once, before any fork.
+fn command_oom_score() -> ([u8; 8], usize) {
+    static SCORE: std::sync::OnceLock<([u8; 8], usize)> = std::sync::OnceLock::new();
+    *SCORE.get_or_init(|| {
+        let own: i32 = std::fs::read_to_string("/proc/self/oom_score_adj")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let text = command_score(own).to_string();
+        let mut buf = [0u8; 8];
+        buf[..text.len()].copy_from_slice(text.as_bytes());
+        (buf, text.len())
+    })
+}
+
+/// A command's `oom_score_adj` for an agent at `own`.
+fn command_score(own: i32) -> i32 {
+    (own + COMMAND_OOM_SCORE_ABOVE_AGENT).clamp(0, 1000)
+}
+
+/// Writes `score` (from [`command_oom_score`]) to the child's
+/// `/proc/self/oom_score_adj`, between fork and exec: only
+/// async-signal-safe calls. Best effort: a failure leaves the inherited
+/// score and must not fail the command.
+fn set_oom_score((buf, len): ([u8; 8], usize)) -> std::io::Result<()> {
+    const PATH: &std::ffi::CStr = c"/proc/self/oom_score_adj";
+    // SAFETY: `PATH` is a NUL-terminated static string; the fd returned is
+    // checked before use.
+    let fd = unsafe { libc::open(PATH.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd >= 0 {
+        // SAFETY: writes `len` (<= 8) bytes of `buf`, which lives on this
+        // stack frame, to the fd opened above, which is closed exactly once.
+        unsafe {
+            libc::write(fd, buf.as_ptr().cast(), len);
+            libc::close(fd);
+        }
+    }
+    Ok(())
 }
 
 /// Writes a long command to a private file in the temp dir for the shell.
@@ -297,6 +350,22 @@ mod tests {
     use super::*;
 
     const CAP: Duration = Duration::from_secs(170);
+
+    #[test]
+    fn commands_run_above_the_agents_oom_score() {
+        assert_eq!(command_score(-500), 0);
+        assert_eq!(command_score(0), 500);
+        assert_eq!(command_score(-1000), 0);
+        assert_eq!(command_score(700), 1000);
+        let (buf, len) = command_oom_score();
+        let text = std::str::from_utf8(&buf[..len]).unwrap();
+        let own: i32 = std::fs::read_to_string("/proc/self/oom_score_adj")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(text, command_score(own).to_string());
+    }
 
     #[test]
     fn timeout_is_answered_before_n() {

@@ -239,6 +239,40 @@ fn v2_counters_and_cgroup_kill() {
     assert_eq!(fs::read_to_string(dir.join("cgroup.kill")).unwrap(), "1");
 }
 
+#[test]
+fn v2_remove_orphans_kills_unknown_spares_known() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    for id in ["known", "orphan"] {
+        let dir = r.join("sandboxd").join(id);
+        fake_v2_dir(&dir, "", "");
+        fs::write(dir.join("cgroup.kill"), "").unwrap();
+    }
+    let root = CgroupRoot::with_root(r, Layout::V2, "sandboxd");
+    assert_eq!(root.list().unwrap(), vec!["known", "orphan"]);
+    let known: HashSet<String> = ["known".to_string()].into_iter().collect();
+    // A fake directory holds regular files, so rmdir fails: the error
+    // names the orphan, after it was killed; the known one is untouched.
+    let err = root.remove_orphans(&known).unwrap_err();
+    assert!(err.to_string().contains("orphan"), "{err}");
+    let kill = |id: &str| fs::read_to_string(r.join("sandboxd").join(id).join("cgroup.kill"));
+    assert_eq!(kill("orphan").unwrap(), "1");
+    assert_eq!(kill("known").unwrap(), "");
+}
+
+#[test]
+fn v2_remove_of_a_gone_cgroup_is_ok() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sandboxd/abc");
+    fake_v2_dir(&dir, "", "");
+    let root = CgroupRoot::with_root(tmp.path(), Layout::V2, "sandboxd");
+    let cg = root.open("abc").unwrap().unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    cg.remove().unwrap();
+    assert!(root.open("abc").unwrap().is_none());
+    assert!(root.remove_orphans(&HashSet::new()).unwrap().is_empty());
+}
+
 /// A fake v1 sandbox directory in `controller`.
 fn fake_v1(root: &Path, controller: &str, files: &[(&str, &str)]) {
     let dir = root.join(controller).join("sandboxd/abc");

@@ -52,6 +52,8 @@ pub enum InitError {
     #[error("{0}")]
     Rlimit(String),
     #[error("{0}")]
+    OomScoreAdj(String),
+    #[error("{0}")]
     CloseFds(String),
     #[error("{0}")]
     SwitchUser(String),
@@ -79,6 +81,7 @@ impl InitError {
             InitError::Hostname(_) => "hostname",
             InitError::Loopback(_) => "loopback",
             InitError::Rlimit(_) => "rlimits",
+            InitError::OomScoreAdj(_) => "oom_score_adj",
             InitError::CloseFds(_) => "close_fds",
             InitError::SwitchUser(_) => "switch_user",
             InitError::DropCaps(_) => "drop_caps",
@@ -323,32 +326,43 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     let umask = process.user().umask().unwrap_or(0o077);
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
 
-    // 13. Close every fd but stdio and the ready pipe at exec.
+    // 13. The OOM score (OCI `process.oomScoreAdj`, negative in our base
+    //     spec): when the sandbox hits its memory limit, the kernel's OOM
+    //     killer must pick the hog, not PID 1 (the agent; killing it ends
+    //     the whole sandbox). Lowering the score needs CAP_SYS_RESOURCE,
+    //     so this runs before privileges are dropped, and it runs after the
+    //     fork so only the container's processes carry it. The agent puts
+    //     every command it starts back to 0.
+    if let Some(score) = process.oom_score_adj() {
+        process::set_oom_score_adj(score)?;
+    }
+
+    // 14. Close every fd but stdio and the ready pipe at exec.
     process::close_other_fds(args.ready_fd)?;
 
-    // 14. Drop privileges: the capability sets setuid does not clear
+    // 15. Drop privileges: the capability sets setuid does not clear
     //     (needs CAP_SETPCAP, so still as root), then groups, gid, uid;
     //     then verify that every set is empty.
     process::drop_inheritable_caps()?;
     process::switch_user(process.user())?;
     process::verify_no_caps()?;
 
-    // 15. The working directory, entered as the sandbox user.
+    // 16. The working directory, entered as the sandbox user.
     nix::unistd::chdir(process.cwd()).map_err(|source| InitError::Chdir {
         path: process.cwd().clone(),
         source,
     })?;
 
-    // 16. no_new_privs: required for an unprivileged seccomp filter and
+    // 17. no_new_privs: required for an unprivileged seccomp filter and
     //     makes setuid binaries inert.
     nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
 
-    // 17. seccomp, the very last step: from here on only exec runs.
+    // 18. seccomp, the very last step: from here on only exec runs.
     if let Some(f) = &filters {
         crate::seccomp::install(f).map_err(|e| InitError::Seccomp(e.to_string()))?;
     }
 
-    // 18. exec the payload.
+    // 19. exec the payload.
     let path = argv[0].clone();
     let e = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
     Err(InitError::Exec {

@@ -52,6 +52,28 @@ pub fn loopback_up() -> Result<(), InitError> {
     result
 }
 
+/// Writes `/proc/self/oom_score_adj` (the `/proc` of the sandbox's own PID
+/// namespace). Lowering it needs `CAP_SYS_RESOURCE`, so this runs as root.
+/// A host that withholds that capability even from root (some container
+/// hosts do) refuses with EACCES: the payload then keeps the inherited
+/// score (a warning in the sandbox's log) and the agent still keeps its
+/// commands above itself (see the agent's exec).
+pub fn set_oom_score_adj(score: i32) -> Result<(), InitError> {
+    match std::fs::write("/proc/self/oom_score_adj", score.to_string()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            eprintln!(
+                "sandbox-init: warning: cannot set oom_score_adj to {score} \
+                 (no CAP_SYS_RESOURCE on this host): {e}"
+            );
+            Ok(())
+        }
+        Err(e) => Err(InitError::OomScoreAdj(format!(
+            "/proc/self/oom_score_adj = {score}: {e}"
+        ))),
+    }
+}
+
 fn resource(t: PosixRlimitType) -> Option<Resource> {
     use PosixRlimitType as T;
     Some(match t {

@@ -232,7 +232,16 @@ pub struct NativeDirs {
 }
 
 impl Drop for NativeDirs {
+    /// Kills and removes whatever the test left under its cgroup parent
+    /// (sandboxes outlive a dropped daemon by design, and a failed test
+    /// never reaches its deletes), then the parent itself. Declare the
+    /// `NativeDirs` before the `Daemon` so the daemon is gone first.
     fn drop(&mut self) {
+        if let Ok(root) = sandboxd::cgroups::CgroupRoot::detect(&self.cgroup_parent) {
+            if let Err(e) = root.remove_orphans(&Default::default()) {
+                eprintln!("cleanup of cgroup parent {}: {e}", self.cgroup_parent);
+            }
+        }
         for c in [
             "memory", "pids", "cpu", "cpuacct", "cpuset", "freezer", "devices", "blkio", "unified",
             "",
@@ -286,6 +295,17 @@ impl Daemon {
     /// stops its sandboxes too (SIGTERM with `stop_sandboxes_on_exit`), so
     /// tests leave no sandbox processes behind; `kill()` keeps them.
     pub fn start_native(dirs: &NativeDirs, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_native_in(dirs, tempfile::tempdir().unwrap(), env)
+    }
+
+    /// Like [`start_native`](Self::start_native) over an existing state
+    /// directory (a restart: take it from the dead daemon with
+    /// [`take_state_dir`](Self::take_state_dir)).
+    pub fn start_native_in(
+        dirs: &NativeDirs,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let ud = dirs.user_data().to_string_lossy().to_string();
         let sk = dirs.skills().to_string_lossy().to_string();
         let mut all = vec![
@@ -297,9 +317,15 @@ impl Daemon {
             ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true"),
         ];
         all.extend_from_slice(env);
-        let mut d = Daemon::start(&all, &[]);
+        let mut d = Daemon::start_in(state_dir, &all, &[]);
         d.graceful_drop = true;
         d
+    }
+
+    /// Moves the state directory out (a fresh empty one takes its place),
+    /// so that a new daemon can start over it after this one is killed.
+    pub fn take_state_dir(&mut self) -> tempfile::TempDir {
+        std::mem::replace(&mut self.state_dir, tempfile::tempdir().unwrap())
     }
 
     /// Creates a sandbox; returns (status, body).

@@ -468,6 +468,8 @@ mod tests {
         assert_eq!(p.cwd(), Path::new("/home/gem/user-data/p/q"));
         assert_eq!(p.user().uid(), 1000);
         assert_eq!(p.no_new_privileges(), Some(true));
+        // The agent must not be the OOM killer's choice (see init step 13).
+        assert_eq!(p.oom_score_adj(), Some(-500));
         let env = p.env().as_ref().unwrap();
         assert!(env.contains(&"PATH=/custom".to_string()));
         assert_eq!(env.iter().filter(|e| e.starts_with("PATH=")).count(), 1);

@@ -32,7 +32,7 @@ pub enum LaunchError {
     Step { step: String, error: String },
     #[error("sandbox-init exited without reporting a PID ({0})")]
     NoPid(String),
-    #[error("the agent exited before it was listening (see {log})")]
+    #[error("the agent exited before it was listening; its log: {log}")]
     AgentDied { log: String },
     #[error("the agent was not listening within {0:?}")]
     Timeout(Duration),
@@ -177,9 +177,19 @@ pub fn launch(
         .read(&mut b)
         .map_err(LaunchError::Io)?;
     if n == 0 {
-        return Err(LaunchError::AgentDied {
-            log: log.display().to_string(),
-        });
+        // The log itself goes with the sandbox's directory: keep its end.
+        return Err(LaunchError::AgentDied { log: log_tail(log) });
     }
     Ok(Launched { pid })
+}
+
+/// The last few KiB of a launch log, for an error message.
+fn log_tail(log: &Path) -> String {
+    const MAX: usize = 4096;
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut start = text.len().saturating_sub(MAX);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
 }

@@ -302,6 +302,10 @@ impl NativeBackend {
             },
         );
         let handle = launched_pid.and_then(|p| ProcHandle::open(p, None));
+        if let (Some(p), None) = (launched_pid, &handle) {
+            // It already exited: collect it, or it stays a zombie.
+            proc::reap_if_zombie(p);
+        }
         let pid = match r {
             Ok(l) => l.pid,
             Err(e) => {

@@ -26,6 +26,17 @@ pub fn state(pid: i32) -> Option<char> {
     rest.split_whitespace().next()?.chars().next()
 }
 
+/// Reaps `pid` if it is an exited (zombie) child of ours: a sandbox PID 1
+/// that died before [`ProcHandle::open`] could take it (it is re-parented to
+/// the daemon, a subreaper, once the launcher exits). Without a handle
+/// nothing else would ever collect it. Harmless for a live process or one
+/// that is not our child.
+pub fn reap_if_zombie(pid: i32) {
+    if state(pid) == Some('Z') {
+        let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+    }
+}
+
 /// A handle on a sandbox's PID 1 that survives PID reuse.
 #[derive(Debug)]
 pub struct ProcHandle {
