@@ -22,7 +22,9 @@ use crate::metrics::Metrics;
 /// Sets up `tracing` (text or JSON on stderr; `RUST_LOG` filters).
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // libcgroups warns about every v1 controller a host lacks, on every
+        // cgroup it opens: keep that out of the default log.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libcgroups=error"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -199,8 +201,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     init_logging(format);
     let cfg = load_config(&args)?;
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Ok(n) = std::env::var("SANDBOXD_WORKER_THREADS") {
+        rt.worker_threads(
+            n.parse()
+                .context("SANDBOXD_WORKER_THREADS must be a number")?,
+        );
+    }
+    rt.enable_all()
         .thread_name("sandboxd")
         .build()
         .context("cannot start the tokio runtime")?

@@ -1,0 +1,299 @@
+//! Create/delete benchmark (run with `bash bench/create.sh`, as root).
+//!
+//! In one run: create-to-ready latency (POST /api/sandboxes returns 200 with
+//! the agent answering) and delete latency of N native sandboxes through the
+//! real daemon, then `runc run` (and `crun run` where it works) of the
+//! identical bundle, timed until its agent answers `GET /v1/sandbox`. Writes
+//! the figures into docs/performance.md between the CREATE markers.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandboxd::backend::native::netns::{open_netns, NetnsDialer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "bench-token-0123456789abcdef0123456789abcdef";
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+/// Minimal HTTP/1.1 request over a fresh TCP connection; returns status.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap_or(0);
+    (status, out)
+}
+
+struct Daemon {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+fn start_daemon(root: &Path) -> Daemon {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["serve", "--listen", &addr, "--state-dir"])
+        .arg(root.join("state"))
+        .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
+        .env("PROVISIONER_BACKEND", "native")
+        .env("SANDBOXD_USER_DATA_ROOT", root.join("ud"))
+        .env("SANDBOXD_SKILLS_ROOT", root.join("sk"))
+        .env("SANDBOXD_CGROUP_PARENT", "sandboxd-bench")
+        .env("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(&addr).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Daemon { child, addr }
+}
+
+/// Times `runtime run -d` of `bundle` until the agent answers.
+fn time_runtime(
+    runtime: &str,
+    bundle: &Path,
+    name: &str,
+    rt: &tokio::runtime::Runtime,
+) -> Result<f64, String> {
+    let root = bundle.parent().unwrap().join(format!("{runtime}-root"));
+    let pidfile = bundle.parent().unwrap().join(format!("{name}.pid"));
+    let started = Instant::now();
+    let out = Command::new(runtime)
+        .arg("--root")
+        .arg(&root)
+        .args(["run", "--detach", "--pid-file"])
+        .arg(&pidfile)
+        .arg("--bundle")
+        .arg(bundle)
+        .arg(name)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{runtime}: {e}"))?;
+    let cleanup = || {
+        let _ = Command::new(runtime)
+            .arg("--root")
+            .arg(&root)
+            .args(["delete", "--force", name])
+            .output();
+    };
+    if !out.status.success() {
+        cleanup();
+        return Err(format!(
+            "{runtime} run failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .map_err(|e| e.to_string())?
+        .trim()
+        .parse()
+        .map_err(|_| "bad pid file".to_string())?;
+    let ns = std::sync::Arc::new(open_netns(pid).map_err(|e| e.to_string())?);
+    let dialer = NetnsDialer::start().map_err(|e| e.to_string())?;
+    let answered = rt.block_on(async {
+        loop {
+            if started.elapsed() > Duration::from_secs(20) {
+                return false;
+            }
+            if let Ok(mut s) = dialer
+                .connect(ns.clone(), "127.0.0.1:8080".parse().unwrap())
+                .await
+            {
+                let _ = s
+                    .write_all(b"GET /v1/sandbox HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await;
+                let mut buf = vec![0u8; 12];
+                if s.read_exact(&mut buf).await.is_ok() && &buf[9..12] == b"200" {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+    cleanup();
+    if answered {
+        Ok(elapsed)
+    } else {
+        Err(format!("{runtime}: agent never answered"))
+    }
+}
+
+fn main() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("bench/create needs root");
+        std::process::exit(1);
+    }
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let d = start_daemon(root);
+    // Warm-up (page cache, binaries).
+    let (s, _) = http(
+        &d.addr,
+        "POST",
+        "/api/sandboxes",
+        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
+    );
+    assert_eq!(s, 200, "warm-up create failed");
+    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
+
+    let mut create = Vec::new();
+    let mut delete = Vec::new();
+    for i in 0..n {
+        let body = format!(r#"{{"sandbox_id":"b{i}","thread_id":"t","uid":"bench"}}"#);
+        let t = Instant::now();
+        let (s, out) = http(&d.addr, "POST", "/api/sandboxes", &body);
+        assert_eq!(s, 200, "{out}");
+        create.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    for i in 0..n {
+        let t = Instant::now();
+        let (s, _) = http(&d.addr, "DELETE", &format!("/api/sandboxes/b{i}"), "");
+        assert_eq!(s, 200);
+        delete.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    drop(d);
+
+    // The identical bundle under runc / crun.
+    let cfg = root.join("bundle.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "user_data_root = \"{}\"\nskills_root = \"{}\"\n",
+            root.join("ud").display(),
+            root.join("sk").display()
+        ),
+    )
+    .unwrap();
+    let bundle: PathBuf = root.join("bundle");
+    let st = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["bundle", "--sandbox-id", "rb", "--uid", "bench", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut others = Vec::new();
+    for runtime in ["runc", "crun"] {
+        if Command::new(runtime).arg("--version").output().is_err() {
+            others.push(format!("| `{runtime} run` | not installed | | |"));
+            continue;
+        }
+        let mut times = Vec::new();
+        let mut err = None;
+        for i in 0..n.min(20) {
+            match time_runtime(runtime, &bundle, &format!("bench-{runtime}-{i}"), &rt) {
+                Ok(ms) => times.push(ms),
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        match err {
+            None => {
+                let (p50, p95) = (pct(&mut times, 0.5), pct(&mut times, 0.95));
+                println!(
+                    "{runtime}: p50 {p50:.1} ms p95 {p95:.1} ms over {}",
+                    times.len()
+                );
+                others.push(format!(
+                    "| `{runtime} run` of the same bundle ({} runs) | {p50:.1} | {p95:.1} | |",
+                    times.len()
+                ));
+            }
+            Some(e) => {
+                println!("{runtime}: {e}");
+                others.push(format!(
+                    "| `{runtime} run` | failed: {} | | |",
+                    e.replace('|', "/").chars().take(120).collect::<String>()
+                ));
+            }
+        }
+    }
+
+    let (c50, c95) = (pct(&mut create, 0.5), pct(&mut create, 0.95));
+    let (d50, d95) = (pct(&mut delete, 0.5), pct(&mut delete, 0.95));
+    println!("sandboxd create-to-ready: p50 {c50:.1} ms p95 {c95:.1} ms; delete p50 {d50:.1} ms p95 {d95:.1} ms (n={n})");
+    let section = format!(
+        "<!-- CREATE:BEGIN (written by bench/create.sh) -->\n\
+Measured {} on {} cores ({}), release build, {n} sandboxes created one after another then deleted;\n\
+runtimes timed from `run --detach` until the agent answers `GET /v1/sandbox` in the container's netns.\n\n\
+| what | p50 ms | p95 ms | delete p50 / p95 ms |\n|---|---|---|---|\n\
+| sandboxd create-to-ready (POST until 200, agent answering) | {c50:.1} | {c95:.1} | {d50:.1} / {d95:.1} |\n{}\n\n\
+Goal: p50 create-to-ready no slower than runc on the same bundle, under 30 ms.\n<!-- CREATE:END -->",
+        chrono_date(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        others.join("\n")
+    );
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
+    let text = std::fs::read_to_string(&doc).unwrap_or_default();
+    let (Some(a), Some(b)) = (
+        text.find("<!-- CREATE:BEGIN"),
+        text.find("<!-- CREATE:END -->"),
+    ) else {
+        eprintln!("docs/performance.md lacks the CREATE markers");
+        std::process::exit(1);
+    };
+    let new = format!(
+        "{}{}{}",
+        &text[..a],
+        section,
+        &text[b + "<!-- CREATE:END -->".len()..]
+    );
+    std::fs::write(&doc, new).unwrap();
+    println!("wrote {}", doc.display());
+}
+
+fn chrono_date() -> String {
+    let out = Command::new("date").args(["-u", "+%Y-%m-%d"]).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create/delete benchmark of native sandboxes vs `runc run` of the same
+# bundle (see bench/create.rs). Needs root. Writes docs/performance.md.
+#
+#   bash bench/create.sh            # 50 sandboxes
+#   BENCH_N=20 bash bench/create.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if ! command -v runc >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc >/dev/null
+fi
+cargo bench --bench create
