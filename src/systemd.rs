@@ -13,7 +13,9 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
-use nix::sys::socket::{getsockopt, sockopt, AddressFamily, SockType, SockaddrLike, SockaddrStorage};
+use nix::sys::socket::{
+    getsockopt, sockopt, AddressFamily, SockType, SockaddrLike, SockaddrStorage,
+};
 
 /// First fd passed by socket activation (`SD_LISTEN_FDS_START`).
 const LISTEN_FDS_START: i32 = 3;

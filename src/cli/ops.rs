@@ -81,7 +81,11 @@ impl Api {
                 cfg.state_dir.display()
             );
         }
-        let token = auth::load_token(cfg.token.as_deref(), cfg.token_file.as_deref(), &cfg.state_dir)?;
+        let token = auth::load_token(
+            cfg.token.as_deref(),
+            cfg.token_file.as_deref(),
+            &cfg.state_dir,
+        )?;
         Ok(Api {
             endpoint,
             token: token.expose().to_string(),
@@ -118,7 +122,8 @@ impl Api {
 fn exchange(s: &mut (impl Read + Write), req: &str) -> anyhow::Result<Vec<u8>> {
     s.write_all(req.as_bytes())?;
     let mut out = Vec::new();
-    s.read_to_end(&mut out).context("reading the daemon's answer")?;
+    s.read_to_end(&mut out)
+        .context("reading the daemon's answer")?;
     Ok(out)
 }
 
@@ -177,7 +182,10 @@ fn dechunk(mut b: &[u8]) -> anyhow::Result<Vec<u8>> {
             .windows(2)
             .position(|w| w == b"\r\n")
             .context("bad chunk")?;
-        let size = std::str::from_utf8(&b[..nl])?.split(';').next().unwrap_or("");
+        let size = std::str::from_utf8(&b[..nl])?
+            .split(';')
+            .next()
+            .unwrap_or("");
         let size = usize::from_str_radix(size.trim(), 16).context("bad chunk size")?;
         b = &b[nl + 2..];
         if size == 0 || b.len() < size {
@@ -235,7 +243,10 @@ pub fn ls(t: Target) -> anyhow::Result<i32> {
             ]
         })
         .collect();
-    print!("{}", table(["ID", "STATUS", "GENERATION", "WORKDIR", "OOM"], &rows));
+    print!(
+        "{}",
+        table(["ID", "STATUS", "GENERATION", "WORKDIR", "OOM"], &rows)
+    );
     Ok(0)
 }
 
@@ -317,9 +328,10 @@ mod tests {
 
     #[test]
     fn parses_responses() {
-        let (s, v) =
-            parse_response(b"HTTP/1.1 409 Conflict\r\ncontent-length: 13\r\n\r\n{\"detail\":\"x\"}")
-                .unwrap();
+        let (s, v) = parse_response(
+            b"HTTP/1.1 409 Conflict\r\ncontent-length: 13\r\n\r\n{\"detail\":\"x\"}",
+        )
+        .unwrap();
         assert_eq!(s, 409);
         assert_eq!(detail(&v), "x");
         let (s, v) = parse_response(
@@ -334,7 +346,10 @@ mod tests {
     fn addresses() {
         assert_eq!(connect_addr("0.0.0.0:8002").unwrap(), "127.0.0.1:8002");
         assert_eq!(connect_addr("[::]:9").unwrap(), "[::1]:9");
-        assert!(matches!(parse_url("unix:/run/x.sock").unwrap(), Endpoint::Unix(_)));
+        assert!(matches!(
+            parse_url("unix:/run/x.sock").unwrap(),
+            Endpoint::Unix(_)
+        ));
         assert!(parse_url("https://x").is_err());
     }
 
@@ -342,7 +357,13 @@ mod tests {
     fn table_aligns() {
         let t = table(
             ["ID", "STATUS", "GENERATION", "WORKDIR", "OOM"],
-            &[["abc".into(), "running".into(), "g1".into(), "-".into(), "no".into()]],
+            &[[
+                "abc".into(),
+                "running".into(),
+                "g1".into(),
+                "-".into(),
+                "no".into(),
+            ]],
         );
         assert_eq!(
             t,

@@ -188,7 +188,11 @@ async fn shutdown_signal() {
 async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
     let notifier = sd.notifier.clone();
     if let Some(n) = &notifier {
-        info!(socket = n.target(), watchdog_interval_ms = sd.watchdog_interval.map(|d| d.as_millis() as u64), "systemd notification socket set");
+        info!(
+            socket = n.target(),
+            watchdog_interval_ms = sd.watchdog_interval.map(|d| d.as_millis() as u64),
+            "systemd notification socket set"
+        );
         // Pinged from the start: reconciliation may take a while and the
         // runtime stays free during it (it runs on a blocking thread).
         if let Some(every) = sd.watchdog_interval {
