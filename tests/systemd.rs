@@ -281,7 +281,7 @@ fn watchdog_pings_at_half_the_interval() {
     let start = Instant::now();
     let mut pings = 0;
     while start.elapsed() < Duration::from_millis(1000) {
-        if let Some(m) = notify.recv(Duration::from_millis(300)) {
+        if let Some(m) = notify.recv(Duration::from_millis(500)) {
             assert_eq!(m, "WATCHDOG=1");
             pings += 1;
         } else {
@@ -289,7 +289,7 @@ fn watchdog_pings_at_half_the_interval() {
         }
     }
     // Every 100 ms: about 10 in a second; a slow machine may lose a few.
-    assert!((6..=14).contains(&pings), "{pings} pings in 1 s");
+    assert!((5..=15).contains(&pings), "{pings} pings in 1 s");
 
     // The watchdog is another process's: no pings.
     let name = format!("sandboxd-notify-test-{}", std::process::id());
@@ -453,4 +453,28 @@ fn socket_activation_serves_on_passed_fds() {
     );
     p.sigterm();
     assert!(p.wait_exit(Duration::from_secs(30)).success());
+}
+
+/// `LISTEN_FDS` meant for another process (a parent that did not clear it)
+/// is ignored: the daemon binds its configured address.
+#[test]
+fn listen_fds_for_another_pid_are_ignored() {
+    let state = tempfile::tempdir().unwrap();
+    let api_sock = state.path().join("api.sock");
+    let mut cmd = serve_cmd(state.path());
+    cmd.arg("--unix-socket")
+        .arg(&api_sock)
+        .env("PROVISIONER_BACKEND", "memory")
+        .env("LISTEN_FDS", "1")
+        .env("LISTEN_PID", "1");
+    let p = Proc::spawn(cmd);
+    let end = Instant::now() + Duration::from_secs(60);
+    while !p.log_contains("address=unix:") {
+        assert!(Instant::now() < end, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let resp = health_unix(&api_sock).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(p.log_contains("LISTEN_PID is not ours"));
+    assert!(!p.log_contains("socket activation"));
 }
