@@ -312,12 +312,14 @@ pub fn rm(a: RmArgs) -> anyhow::Result<i32> {
             Ok(0)
         }
         404 => bail!("sandbox {} not found", a.id),
-        409 => bail!(
-            "sandbox {} was not deleted: it is not generation {} ({})",
-            a.id,
-            a.expected_generation.as_deref().unwrap_or("?"),
-            detail(&v)
-        ),
+        409 => match &a.expected_generation {
+            Some(g) => bail!(
+                "sandbox {} was not deleted: it is not generation {g} ({})",
+                a.id,
+                detail(&v)
+            ),
+            None => bail!("sandbox {} was not deleted: {}", a.id, detail(&v)),
+        },
         s => bail!("deleting sandbox {} failed ({s}): {}", a.id, detail(&v)),
     }
 }
