@@ -110,6 +110,26 @@ async fn ls_inspect_rm_against_a_running_daemon() {
     let (s, _) = d.json("GET", "/api/sandboxes/cli1", None).await;
     assert_eq!(s, 404);
 
+    // The token from the daemon's env file (as systemd's EnvironmentFile=).
+    let dir = tempfile::tempdir().unwrap();
+    let env_file = dir.path().join("sandboxd.env");
+    std::fs::write(
+        &env_file,
+        format!("# token\nSANDBOX_PROVISIONER_TOKEN={TOKEN}\n"),
+    )
+    .unwrap();
+    let o = cli(
+        &[
+            "ls",
+            "--url",
+            &url,
+            "--env-file",
+            env_file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success());
+
     // A wrong token is an error, not an empty list.
     let o = cli(
         &["ls", "--url", &url],
@@ -164,11 +184,19 @@ fn cli_uses_the_config_file_and_stored_token() {
 #[test]
 fn cli_without_a_token_says_so_and_creates_none() {
     let state = tempfile::tempdir().unwrap();
+    // Hermetic: no node config or env file either.
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("empty.toml");
+    std::fs::write(&conf, "").unwrap();
     let o = cli(
         &[
             "ls",
             "--url",
             "http://127.0.0.1:9",
+            "--config",
+            conf.to_str().unwrap(),
+            "--env-file",
+            "/dev/null",
             "--state-dir",
             state.path().to_str().unwrap(),
         ],

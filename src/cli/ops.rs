@@ -4,22 +4,33 @@
 //! A tiny blocking HTTP/1.1 client over TCP or a Unix socket: one request
 //! per connection, `Connection: close`.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde_json::Value;
 
 use crate::api::auth;
-use crate::config::{Config, ProcessEnv};
+use crate::config::{parse_dotenv, Config, EnvSource, ProcessEnv};
+
+/// Where the systemd unit keeps the daemon's config and env file; used by
+/// default when present, so `sandboxd ls` on a node needs no flags.
+const UNIT_CONFIG: &str = "/etc/sandboxd/config.toml";
+const UNIT_ENV_FILE: &str = "/etc/sandboxd/sandboxd.env";
 
 /// How to reach the daemon (shared by `ls`, `inspect`, `rm`).
 #[derive(Debug, clap::Args)]
 pub struct Target {
-    /// Daemon config file (also SANDBOXD_CONFIG): where it listens, its token.
+    /// Daemon config file (also SANDBOXD_CONFIG; default /etc/sandboxd/config.toml
+    /// when it exists): where it listens, its token.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The daemon's env file (default /etc/sandboxd/sandboxd.env when it
+    /// exists); our own environment wins over it.
+    #[arg(long)]
+    pub env_file: Option<PathBuf>,
     /// API address: `http://HOST:PORT` or `unix:/path/to/api.sock`
     /// (default: the configured unix_socket, else the configured listen address).
     #[arg(long)]
@@ -58,9 +69,36 @@ struct Api {
     token: String,
 }
 
+/// The process environment over the daemon's env file, as the daemon sees
+/// it under systemd (`EnvironmentFile=`).
+struct Layered(BTreeMap<String, String>);
+
+impl EnvSource for Layered {
+    fn get(&self, name: &str) -> Option<String> {
+        ProcessEnv.get(name).or_else(|| self.0.get(name).cloned())
+    }
+}
+
 impl Api {
     fn from_target(t: &Target) -> anyhow::Result<Api> {
-        let mut cfg = Config::load(t.config.as_deref(), &ProcessEnv)?;
+        let env_file = match &t.env_file {
+            Some(p) => Some(p.clone()),
+            None => Some(PathBuf::from(UNIT_ENV_FILE)).filter(|p| p.exists()),
+        };
+        let file_env = match &env_file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read env file {}", p.display()))?;
+                parse_dotenv(&text).map_err(|e| anyhow::anyhow!("env file {}: {e}", p.display()))?
+            }
+            None => BTreeMap::new(),
+        };
+        let env = Layered(file_env);
+        let config = t.config.clone().or_else(|| {
+            (env.get("SANDBOXD_CONFIG").is_none() && Path::new(UNIT_CONFIG).exists())
+                .then(|| PathBuf::from(UNIT_CONFIG))
+        });
+        let mut cfg = Config::load(config.as_deref(), &env)?;
         if let Some(d) = &t.state_dir {
             cfg.state_dir = d.clone();
         }
@@ -76,8 +114,9 @@ impl Api {
         let stored = cfg.state_dir.join("token");
         if cfg.token.is_none() && cfg.token_file.is_none() && !stored.exists() {
             bail!(
-                "no API token found: set SANDBOX_PROVISIONER_TOKEN, `token` or `token_file` in the \
-                 config (--config), or point --state-dir at the daemon's state dir ({} has no token)",
+                "no API token found: set SANDBOX_PROVISIONER_TOKEN (environment or --env-file), \
+                 `token` or `token_file` in the config (--config), or point --state-dir at the \
+                 daemon's state dir ({} has no token)",
                 cfg.state_dir.display()
             );
         }
