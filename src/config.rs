@@ -197,6 +197,11 @@ pub struct Config {
     pub shutdown_grace_seconds: u64,
     pub log_format: LogFormat,
     pub limits: Limits,
+    /// Set when `PROVISIONER_BACKEND` used an alias (`docker`, `local`): the
+    /// value, for the daemon to log once logging is set up (the config is
+    /// read before the log format is known).
+    #[serde(skip)]
+    pub backend_alias: Option<String>,
     pub native: NativeConfig,
     pub kubernetes: KubeConfig,
 }
@@ -226,6 +231,7 @@ impl Default for Config {
             shutdown_grace_seconds: 20,
             log_format: LogFormat::Text,
             limits: Limits::default(),
+            backend_alias: None,
             native: NativeConfig::default(),
             kubernetes: KubeConfig::default(),
         }
@@ -317,9 +323,7 @@ impl Config {
                 name: "PROVISIONER_BACKEND",
                 message,
             })?;
-            if alias {
-                tracing::info!(value = %v, "PROVISIONER_BACKEND alias selects the native (node-local) backend");
-            }
+            self.backend_alias = alias.then(|| v.clone());
             self.backend = kind;
         }
         if let Some(v) = env.get("SANDBOX_PROVISIONER_TOKEN") {
@@ -554,6 +558,17 @@ mod tests {
     }
 
     #[test]
+    fn log_format_from_file_env_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "log_format = \"json\"\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.log_format, LogFormat::Json);
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_LOG_FORMAT", "text")])).unwrap();
+        assert_eq!(c.log_format, LogFormat::Text);
+    }
+
+    #[test]
     fn unknown_keys_and_bad_env_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
@@ -575,6 +590,7 @@ mod tests {
         ] {
             let c = Config::load(None, &env(&[("PROVISIONER_BACKEND", v)])).unwrap();
             assert_eq!(c.backend, k);
+            assert_eq!(c.backend_alias.is_some(), v != "kubernetes");
         }
         assert!(Config::load(None, &env(&[("PROVISIONER_BACKEND", "podman")])).is_err());
     }

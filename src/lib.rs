@@ -8,7 +8,8 @@
 //! - [`cgroups`]: per-sandbox cgroups (limits, OOM counters, kill);
 //! - [`seccomp`]: the profile, its compiler and the auditor CLI;
 //! - [`agent`]: the in-sandbox HTTP server (`sandbox-agent`);
-//! - [`init`]: the single-threaded launcher (`sandbox-init`).
+//! - [`init`]: the single-threaded launcher (`sandbox-init`);
+//! - [`systemd`]: sd_notify and socket activation.
 
 pub mod agent;
 pub mod api;
@@ -21,3 +22,4 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod model;
 pub mod seccomp;
+pub mod systemd;

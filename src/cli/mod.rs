@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub mod bundle;
+pub mod ops;
 pub mod seccomp;
 pub mod serve;
 
@@ -29,6 +30,12 @@ pub enum Command {
     /// Audit the seccomp profile, or run a command under it.
     #[command(subcommand)]
     Seccomp(seccomp::SeccompCmd),
+    /// List the sandboxes of the local daemon (id, status, generation, workdir, oom).
+    Ls(ops::Target),
+    /// Show one sandbox of the local daemon as JSON.
+    Inspect(ops::InspectArgs),
+    /// Delete a sandbox through the local daemon.
+    Rm(ops::RmArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -57,5 +64,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Bundle(args) => bundle::run(args).map(|()| 0),
         // Runs before any tokio runtime exists (`seccomp run` execs).
         Command::Seccomp(cmd) => seccomp::run(cmd),
+        Command::Ls(t) => ops::ls(t),
+        Command::Inspect(a) => ops::inspect(a),
+        Command::Rm(a) => ops::rm(a),
     }
 }

@@ -1,5 +1,10 @@
 //! `sandboxd serve`: loads the configuration, builds the backend, adopts
 //! existing sandboxes, then serves the API until SIGTERM/SIGINT.
+//!
+//! Under systemd (see `systemd/` and `docs/operations.md`) it also reports
+//! readiness: `READY=1` only once reconciliation is done *and* the
+//! listeners are bound, `WATCHDOG=1` while running, `STOPPING=1` when
+//! shutdown starts; and it serves on socket-activated fds when given some.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +23,7 @@ use crate::backend::Backend;
 use crate::config::{parse_dotenv, BackendKind, Config, LogFormat, ProcessEnv};
 use crate::lifecycle::{Lifecycle, Settings};
 use crate::metrics::Metrics;
+use crate::systemd::{ActivatedListener, Notifier, SystemdEnv};
 
 /// Sets up `tracing` (text or JSON on stderr; `RUST_LOG` filters).
 pub fn init_logging(format: LogFormat) {
@@ -130,6 +136,47 @@ async fn bind(cfg: &Config) -> anyhow::Result<Vec<Listener>> {
     Ok(out)
 }
 
+/// Turns the sockets systemd passed into listeners (instead of binding
+/// `listen`/`unix_socket`). A non-loopback TCP socket is the operator's
+/// explicit choice in the `.socket` unit: accepted, and its address logged.
+fn activated(sd: &mut SystemdEnv) -> anyhow::Result<Vec<Listener>> {
+    let fds = std::mem::take(&mut sd.listen_fds);
+    info!(
+        sockets = fds.len(),
+        "socket activation: serving on the sockets passed by systemd (listen and unix_socket are ignored)"
+    );
+    let mut out = Vec::new();
+    for fd in fds {
+        let name = fd.name.clone().unwrap_or_default();
+        match fd.into_listener()? {
+            ActivatedListener::Tcp(l) => {
+                let addr = l.local_addr()?;
+                if addr.ip().is_loopback() {
+                    info!(%addr, name, "socket-activated TCP listener");
+                } else {
+                    warn!(%addr, name, "socket-activated TCP listener on a non-loopback address (set in the .socket unit): the API is reachable from the network");
+                }
+                out.push(Listener::Tcp(TcpListener::from_std(l)?));
+            }
+            ActivatedListener::Unix(l) => {
+                info!(name, "socket-activated Unix listener");
+                out.push(Listener::Unix(UnixListener::from_std(l)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Sends a notification if systemd asked for them; a failure is logged,
+/// never fatal.
+fn notify(notifier: Option<&Notifier>, state: &str) {
+    if let Some(n) = notifier {
+        if let Err(e) = n.notify(state) {
+            warn!(socket = n.target(), error = %e, "cannot notify systemd");
+        }
+    }
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -140,7 +187,31 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run_async(cfg: Config) -> anyhow::Result<()> {
+async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
+    let notifier = sd.notifier.clone();
+    if let Some(n) = &notifier {
+        info!(
+            socket = n.target(),
+            watchdog_interval_ms = sd.watchdog_interval.map(|d| d.as_millis() as u64),
+            "systemd notification socket set"
+        );
+        // Pinged from the start: reconciliation may take a while and the
+        // runtime stays free during it (it runs on a blocking thread).
+        if let Some(every) = sd.watchdog_interval {
+            let n = n.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    notify(Some(&n), "WATCHDOG=1");
+                }
+            });
+        }
+        notify(Some(n), "STATUS=reconciling existing sandboxes");
+    }
+    if sd.listen_pid_mismatch {
+        warn!("LISTEN_FDS is addressed to another process (LISTEN_PID is not ours): ignored");
+    }
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("cannot create state dir {}", cfg.state_dir.display()))?;
     let token = auth::load_token(
@@ -172,13 +243,38 @@ async fn run_async(cfg: Config) -> anyhow::Result<()> {
         .await
         .context("cannot list existing sandboxes")?;
     info!(adopted, "start-up reconciliation done");
-    let listeners = bind(&cfg).await?;
+    let listeners = if sd.listen_fds.is_empty() {
+        bind(&cfg).await?
+    } else {
+        let l = activated(&mut sd)?;
+        // Sandbox URLs must name an address that is really served.
+        if cfg.public_url.is_none() {
+            if let Some(Listener::Tcp(t)) = l.iter().find(|l| matches!(l, Listener::Tcp(_))) {
+                cfg.public_url = Some(format!("http://{}", t.local_addr()?));
+            }
+        }
+        l
+    };
     let _reaper = lifecycle.spawn_reaper();
     let state = Arc::new(AppState::new(lifecycle.clone(), token, cfg.public_url()));
+    // Ready only now: existing sandboxes are reconciled and adopted, and the
+    // listeners are bound (connections queue in their backlog until the
+    // accept loops, started right below, take them).
+    notify(
+        notifier.as_ref(),
+        &format!(
+            "READY=1\nSTATUS=serving ({adopted} sandboxes adopted at start)\nMAINPID={}",
+            std::process::id()
+        ),
+    );
+    let shutdown = async {
+        shutdown_signal().await;
+        notify(notifier.as_ref(), "STOPPING=1\nSTATUS=stopping");
+    };
     api::serve(
         state,
         listeners,
-        shutdown_signal(),
+        shutdown,
         Duration::from_secs(cfg.shutdown_grace_seconds),
     )
     .await;
@@ -195,12 +291,19 @@ async fn run_async(cfg: Config) -> anyhow::Result<()> {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let format = match std::env::var("SANDBOXD_LOG_FORMAT").as_deref() {
-        Ok("json") => LogFormat::Json,
-        _ => LogFormat::Text,
-    };
-    init_logging(format);
+    // First, while the process is single-threaded: takes the activated fds
+    // and removes NOTIFY_SOCKET/WATCHDOG_*/LISTEN_* from our environment so
+    // no sandbox or launcher inherits them.
+    let sd = SystemdEnv::take();
+    // The config decides the log format (SANDBOXD_LOG_FORMAT wins over the
+    // file's `log_format`), so it is read before logging starts; its errors
+    // reach stderr through `main`.
     let cfg = load_config(&args)?;
+    init_logging(cfg.log_format);
+    if let Some(v) = &cfg.backend_alias {
+        info!(value = %v, "PROVISIONER_BACKEND alias selects the native (node-local) backend");
+    }
+    let sd = sd.context("systemd environment")?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Ok(n) = std::env::var("SANDBOXD_WORKER_THREADS") {
         rt.worker_threads(
@@ -212,5 +315,5 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("sandboxd")
         .build()
         .context("cannot start the tokio runtime")?
-        .block_on(run_async(cfg))
+        .block_on(run_async(cfg, sd))
 }

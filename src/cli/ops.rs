@@ -1,0 +1,414 @@
+//! Operator commands that talk to the local daemon's API: `sandboxd ls`,
+//! `sandboxd inspect ID`, `sandboxd rm ID`. They read the same config and
+//! token as the daemon but never create a token (only the daemon does).
+//! A tiny blocking HTTP/1.1 client over TCP or a Unix socket: one request
+//! per connection, `Connection: close`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::api::auth;
+use crate::config::{parse_dotenv, Config, EnvSource, ProcessEnv};
+
+/// Where the systemd unit keeps the daemon's config and env file; used by
+/// default when present, so `sandboxd ls` on a node needs no flags.
+const UNIT_CONFIG: &str = "/etc/sandboxd/config.toml";
+const UNIT_ENV_FILE: &str = "/etc/sandboxd/sandboxd.env";
+
+/// How to reach the daemon (shared by `ls`, `inspect`, `rm`).
+#[derive(Debug, clap::Args)]
+pub struct Target {
+    /// Daemon config file (also SANDBOXD_CONFIG; default /etc/sandboxd/config.toml
+    /// when it exists): where it listens, its token.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The daemon's env file (default /etc/sandboxd/sandboxd.env when it
+    /// exists); our own environment wins over it.
+    #[arg(long)]
+    pub env_file: Option<PathBuf>,
+    /// API address: `http://HOST:PORT` or `unix:/path/to/api.sock`
+    /// (default: the configured unix_socket, else the configured listen address).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// State directory holding the daemon's generated token (also SANDBOXD_STATE_DIR).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RmArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The sandbox to delete.
+    pub id: String,
+    /// Delete only if the sandbox is still this generation (else exit 1).
+    #[arg(long)]
+    pub expected_generation: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The sandbox to show.
+    pub id: String,
+}
+
+enum Endpoint {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+struct Api {
+    endpoint: Endpoint,
+    token: String,
+}
+
+/// The process environment over the daemon's env file, as the daemon sees
+/// it under systemd (`EnvironmentFile=`).
+struct Layered(BTreeMap<String, String>);
+
+impl EnvSource for Layered {
+    fn get(&self, name: &str) -> Option<String> {
+        ProcessEnv.get(name).or_else(|| self.0.get(name).cloned())
+    }
+}
+
+impl Api {
+    fn from_target(t: &Target) -> anyhow::Result<Api> {
+        let env_file = match &t.env_file {
+            Some(p) => Some(p.clone()),
+            None => Some(PathBuf::from(UNIT_ENV_FILE)).filter(|p| p.exists()),
+        };
+        let file_env = match &env_file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read env file {}", p.display()))?;
+                parse_dotenv(&text).map_err(|e| anyhow::anyhow!("env file {}: {e}", p.display()))?
+            }
+            None => BTreeMap::new(),
+        };
+        let env = Layered(file_env);
+        let config = t.config.clone().or_else(|| {
+            (env.get("SANDBOXD_CONFIG").is_none() && Path::new(UNIT_CONFIG).exists())
+                .then(|| PathBuf::from(UNIT_CONFIG))
+        });
+        let mut cfg = Config::load(config.as_deref(), &env)?;
+        if let Some(d) = &t.state_dir {
+            cfg.state_dir = d.clone();
+        }
+        let endpoint = match &t.url {
+            Some(u) => parse_url(u)?,
+            None => match &cfg.unix_socket {
+                Some(p) => Endpoint::Unix(p.clone()),
+                None => Endpoint::Tcp(connect_addr(&cfg.listen)?),
+            },
+        };
+        // Same resolution as the daemon, minus generation: a CLI that
+        // invented a token would lock the operator out of a running daemon.
+        let stored = cfg.state_dir.join("token");
+        if cfg.token.is_none() && cfg.token_file.is_none() && !stored.exists() {
+            bail!(
+                "no API token found: set SANDBOX_PROVISIONER_TOKEN (environment or --env-file), \
+                 `token` or `token_file` in the config (--config), or point --state-dir at the \
+                 daemon's state dir ({} has no token)",
+                cfg.state_dir.display()
+            );
+        }
+        let token = auth::load_token(
+            cfg.token.as_deref(),
+            cfg.token_file.as_deref(),
+            &cfg.state_dir,
+        )?;
+        Ok(Api {
+            endpoint,
+            token: token.expose().to_string(),
+        })
+    }
+
+    /// Sends one request; returns the status and the JSON body.
+    fn call(&self, method: &str, path: &str) -> anyhow::Result<(u16, Value)> {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n",
+            self.token
+        );
+        let timeout = Some(Duration::from_secs(120));
+        let raw = match &self.endpoint {
+            Endpoint::Tcp(a) => {
+                let mut s = std::net::TcpStream::connect(a)
+                    .with_context(|| format!("cannot connect to the daemon at {a}"))?;
+                s.set_read_timeout(timeout)?;
+                exchange(&mut s, &req)?
+            }
+            Endpoint::Unix(p) => {
+                let mut s = std::os::unix::net::UnixStream::connect(p).with_context(|| {
+                    format!("cannot connect to the daemon at unix:{}", p.display())
+                })?;
+                s.set_read_timeout(timeout)?;
+                exchange(&mut s, &req)?
+            }
+        };
+        parse_response(&raw)
+    }
+}
+
+fn exchange(s: &mut (impl Read + Write), req: &str) -> anyhow::Result<Vec<u8>> {
+    s.write_all(req.as_bytes())?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)
+        .context("reading the daemon's answer")?;
+    Ok(out)
+}
+
+fn parse_url(u: &str) -> anyhow::Result<Endpoint> {
+    if let Some(p) = u.strip_prefix("unix:") {
+        return Ok(Endpoint::Unix(PathBuf::from(p)));
+    }
+    match u.strip_prefix("http://") {
+        Some(rest) => Ok(Endpoint::Tcp(rest.trim_end_matches('/').to_string())),
+        None => bail!("--url {u:?}: expected http://HOST:PORT or unix:/path"),
+    }
+}
+
+/// The address to connect to for a listen address (a wildcard listen
+/// address is reached over loopback).
+fn connect_addr(listen: &str) -> anyhow::Result<String> {
+    let mut a: std::net::SocketAddr = listen
+        .parse()
+        .with_context(|| format!("listen address {listen:?}"))?;
+    if a.ip().is_unspecified() {
+        a.set_ip(match a {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    Ok(a.to_string())
+}
+
+fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Value)> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("malformed HTTP response from the daemon")?;
+    let head = std::str::from_utf8(&raw[..end]).context("malformed HTTP response head")?;
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("malformed HTTP status line")?;
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let mut body = raw[end + 4..].to_vec();
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    Ok((status, v))
+}
+
+fn dechunk(mut b: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let nl = b
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("bad chunk")?;
+        let size = std::str::from_utf8(&b[..nl])?
+            .split(';')
+            .next()
+            .unwrap_or("");
+        let size = usize::from_str_radix(size.trim(), 16).context("bad chunk size")?;
+        b = &b[nl + 2..];
+        if size == 0 || b.len() < size {
+            return Ok(out);
+        }
+        out.extend_from_slice(&b[..size]);
+        b = b.get(size + 2..).unwrap_or(&[]);
+    }
+}
+
+fn detail(v: &Value) -> String {
+    v["detail"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string())
+}
+
+fn check_id(id: &str) -> anyhow::Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !ok {
+        bail!("{id:?} is not a sandbox id ([A-Za-z0-9_-]{{1,63}})");
+    }
+    Ok(())
+}
+
+/// `sandboxd ls`: one line per sandbox.
+pub fn ls(t: Target) -> anyhow::Result<i32> {
+    let api = Api::from_target(&t)?;
+    let (status, v) = api.call("GET", "/api/sandboxes")?;
+    if status != 200 {
+        bail!("listing sandboxes failed ({status}): {}", detail(&v));
+    }
+    let rows: Vec<[String; 5]> = v["sandboxes"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|s| {
+            let text = |k: &str| s[k].as_str().unwrap_or("-").to_string();
+            let oom = match s["oom_killed"].as_bool() {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            };
+            [
+                text("sandbox_id"),
+                text("status"),
+                text("generation"),
+                text("workdir_path"),
+                oom.to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(["ID", "STATUS", "GENERATION", "WORKDIR", "OOM"], &rows)
+    );
+    Ok(0)
+}
+
+fn table(header: [&str; 5], rows: &[[String; 5]]) -> String {
+    let mut width = header.map(str::len);
+    for r in rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: [&str; 5]| {
+        let mut l = String::new();
+        for (i, (c, w)) in cells.iter().zip(width).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                l.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        l.push('\n');
+        l
+    };
+    let mut out = line(header);
+    for r in rows {
+        out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
+    }
+    out
+}
+
+/// `sandboxd inspect ID`: the sandbox's record as JSON.
+pub fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
+    check_id(&a.id)?;
+    let api = Api::from_target(&a.target)?;
+    let (status, v) = api.call("GET", &format!("/api/sandboxes/{}", a.id))?;
+    match status {
+        200 => {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(0)
+        }
+        404 => bail!("sandbox {} not found", a.id),
+        s => bail!("inspecting sandbox {} failed ({s}): {}", a.id, detail(&v)),
+    }
+}
+
+/// `sandboxd rm ID [--expected-generation G]`.
+pub fn rm(a: RmArgs) -> anyhow::Result<i32> {
+    check_id(&a.id)?;
+    let mut path = format!("/api/sandboxes/{}", a.id);
+    if let Some(g) = &a.expected_generation {
+        if !g
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            bail!("--expected-generation {g:?}: not a generation");
+        }
+        path.push_str(&format!("?expected_generation={g}"));
+    }
+    let api = Api::from_target(&a.target)?;
+    let (status, v) = api.call("DELETE", &path)?;
+    match status {
+        200 => {
+            println!("deleted sandbox {}", a.id);
+            Ok(0)
+        }
+        404 => bail!("sandbox {} not found", a.id),
+        409 => match &a.expected_generation {
+            Some(g) => bail!(
+                "sandbox {} was not deleted: it is not generation {g} ({})",
+                a.id,
+                detail(&v)
+            ),
+            None => bail!("sandbox {} was not deleted: {}", a.id, detail(&v)),
+        },
+        s => bail!("deleting sandbox {} failed ({s}): {}", a.id, detail(&v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_responses() {
+        let (s, v) = parse_response(
+            b"HTTP/1.1 409 Conflict\r\ncontent-length: 13\r\n\r\n{\"detail\":\"x\"}",
+        )
+        .unwrap();
+        assert_eq!(s, 409);
+        assert_eq!(detail(&v), "x");
+        let (s, v) = parse_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(s, 200);
+        assert_eq!(v["a"], 1);
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(connect_addr("0.0.0.0:8002").unwrap(), "127.0.0.1:8002");
+        assert_eq!(connect_addr("[::]:9").unwrap(), "[::1]:9");
+        assert!(matches!(
+            parse_url("unix:/run/x.sock").unwrap(),
+            Endpoint::Unix(_)
+        ));
+        assert!(parse_url("https://x").is_err());
+    }
+
+    #[test]
+    fn table_aligns() {
+        let t = table(
+            ["ID", "STATUS", "GENERATION", "WORKDIR", "OOM"],
+            &[[
+                "abc".into(),
+                "running".into(),
+                "g1".into(),
+                "-".into(),
+                "no".into(),
+            ]],
+        );
+        assert_eq!(
+            t,
+            "ID   STATUS   GENERATION  WORKDIR  OOM\nabc  running  g1          -        no\n"
+        );
+    }
+}
