@@ -90,6 +90,10 @@ fn time_runtime(
 ) -> Result<f64, String> {
     let root = bundle.parent().unwrap().join(format!("{runtime}-root"));
     let pidfile = bundle.parent().unwrap().join(format!("{name}.pid"));
+    // The container inherits the runtime's stdio: point it at a file, or
+    // waiting for the runtime's output would wait for the container.
+    let log_path = bundle.parent().unwrap().join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let out = Command::new(runtime)
         .arg("--root")
@@ -100,7 +104,9 @@ fn time_runtime(
         .arg(bundle)
         .arg(name)
         .stdin(Stdio::null())
-        .output()
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .status()
         .map_err(|e| format!("{runtime}: {e}"))?;
     let cleanup = || {
         let _ = Command::new(runtime)
@@ -109,11 +115,13 @@ fn time_runtime(
             .args(["delete", "--force", name])
             .output();
     };
-    if !out.status.success() {
+    if !out.success() {
         cleanup();
         return Err(format!(
             "{runtime} run failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            std::fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .trim()
         ));
     }
     let pid: i32 = std::fs::read_to_string(&pidfile)
