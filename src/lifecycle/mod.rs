@@ -222,7 +222,17 @@ impl Lifecycle {
                 warn!(generation = %existing.generation, status = status.as_str(),
                       "replacing stale sandbox");
                 let _excl = IdLocks::exclusive(&slot).await;
-                self.backend.delete(&id, &existing.generation).await?;
+                match self.backend.delete(&id, &existing.generation).await {
+                    Ok(()) => {}
+                    // The incarnation we tracked was already replaced
+                    // behind our back (another replica, an operator): it
+                    // is not ours to delete; forget it and create anew
+                    // (the backend checks the identity of what it finds).
+                    Err(BackendError::Conflict(reason)) => {
+                        warn!(%reason, "stale incarnation already replaced; forgetting it");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
                 self.table().remove(&id);
             }
             let started = Instant::now();

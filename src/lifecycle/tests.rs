@@ -165,3 +165,48 @@ async fn quiesce_times_out_behind_a_pin() {
     let e = lc.quiesce(Duration::from_millis(200)).await.unwrap_err();
     assert!(matches!(e, LifecycleError::QuiesceTimeout(..)));
 }
+
+/// A backend whose delete of a stale incarnation reports a conflict (it
+/// was replaced behind our back), as the Kubernetes API server does.
+struct ReplacedBehindOurBack {
+    inner: MemoryBackend,
+}
+
+#[async_trait::async_trait]
+impl crate::backend::Backend for ReplacedBehindOurBack {
+    fn name(&self) -> &'static str {
+        "test"
+    }
+    async fn create(
+        &self,
+        spec: &crate::model::SandboxSpec,
+        t: Duration,
+    ) -> Result<SandboxRecord, BackendError> {
+        self.inner.create(spec, t).await
+    }
+    async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
+        self.inner.list().await
+    }
+    async fn status(&self, _r: &SandboxRecord) -> SandboxStatus {
+        SandboxStatus::Exited
+    }
+    async fn delete(&self, _id: &str, _g: &str) -> Result<(), BackendError> {
+        Err(BackendError::Conflict("replaced".into()))
+    }
+    async fn connect(&self, r: &SandboxRecord) -> Result<crate::backend::Upstream, BackendError> {
+        self.inner.connect(r).await
+    }
+}
+
+#[tokio::test]
+async fn stale_incarnation_replaced_elsewhere_is_forgotten_not_fatal() {
+    let b = ReplacedBehindOurBack {
+        inner: MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap(),
+    };
+    let lc = Lifecycle::new(Arc::new(b), settings(None), Arc::new(Metrics::new()));
+    let a = lc.create(req("s1", "t1")).await.unwrap();
+    // Status says exited, delete says conflict: the create still succeeds
+    // with a new generation.
+    let b = lc.create(req("s1", "t1")).await.unwrap();
+    assert_ne!(a.generation, b.generation);
+}
