@@ -8,7 +8,8 @@
 //! - [`cgroups`]: per-sandbox cgroups (limits, OOM counters, kill);
 //! - [`seccomp`]: the profile, its compiler and the auditor CLI;
 //! - [`agent`]: the in-sandbox HTTP server (`sandbox-agent`);
-//! - [`init`]: the single-threaded launcher (`sandbox-init`).
+//! - [`init`]: the single-threaded launcher (`sandbox-init`);
+//! - [`failpoint`]: test-only crash injection (debug builds only).
 
 pub mod agent;
 pub mod api;
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod cgroups;
 pub mod cli;
 pub mod config;
+pub mod failpoint;
 pub mod init;
 pub mod lifecycle;
 pub mod metrics;

@@ -286,6 +286,15 @@ impl Daemon {
     /// stops its sandboxes too (SIGTERM with `stop_sandboxes_on_exit`), so
     /// tests leave no sandbox processes behind; `kill()` keeps them.
     pub fn start_native(dirs: &NativeDirs, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_native_in(dirs, tempfile::tempdir().unwrap(), env)
+    }
+
+    /// [`Daemon::start_native`] on an existing state dir (a restart).
+    pub fn start_native_in(
+        dirs: &NativeDirs,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let ud = dirs.user_data().to_string_lossy().to_string();
         let sk = dirs.skills().to_string_lossy().to_string();
         let mut all = vec![
@@ -297,7 +306,7 @@ impl Daemon {
             ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true"),
         ];
         all.extend_from_slice(env);
-        let mut d = Daemon::start(&all, &[]);
+        let mut d = Daemon::start_in(state_dir, &all, &[]);
         d.graceful_drop = true;
         d
     }

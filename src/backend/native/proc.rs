@@ -1,12 +1,12 @@
 //! Host-side process handling of sandboxes: pidfds, start times (to defeat
 //! PID reuse), liveness, killing and reaping.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// The start time of `pid` (field 22 of `/proc/<pid>/stat`, clock ticks
@@ -70,7 +70,7 @@ impl ProcHandle {
             ) {
                 Ok(0) => return false,
                 Ok(_) => {
-                    self.reap();
+                    let _ = self.reap();
                     return true;
                 }
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -80,9 +80,21 @@ impl ProcHandle {
     }
 
     /// Collects the exit status when the daemon is the parent (as a
-    /// subreaper); harmless otherwise.
-    pub fn reap(&self) {
-        let _ = waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG));
+    /// subreaper); harmless otherwise (ECHILD). Waits on the pidfd, not the
+    /// PID, so a recycled PID of another child is never reaped by mistake.
+    /// Returns the exit status when it reaped the process.
+    pub fn reap(&self) -> Option<WaitStatus> {
+        waitid(
+            Id::PIDFd(self.pidfd.as_fd()),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
+        )
+        .ok()
+        .filter(|s| *s != WaitStatus::StillAlive)
+    }
+
+    /// The pidfd (readable once the process has exited).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
     }
 
     /// SIGKILLs the sandbox's PID 1 (which takes its whole PID namespace
