@@ -247,8 +247,22 @@ impl NativeBackend {
         failpoint::hit("delete:after_kill");
         match self.cgroups.open(id) {
             Ok(Some(cg)) => {
+                // A PID 1 whose PID was never reported (launch timed out,
+                // launcher killed) was re-parented to us: reap it after the
+                // kill, or it stays a zombie child of the daemon.
+                let me = std::process::id() as i32;
+                let ours: Vec<ProcHandle> = cg
+                    .pids()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|p| proc::parent(*p) == Some(me))
+                    .filter_map(|p| ProcHandle::open(p, None))
+                    .collect();
                 if let Err(e) = cg.kill_all() {
                     warn!(sandbox_id = %id, error = %e, "cannot kill the sandbox's cgroup");
+                }
+                for h in &ours {
+                    h.wait_exit(Duration::from_secs(1));
                 }
                 if let Err(e) = cg.remove() {
                     warn!(sandbox_id = %id, error = %e, "cannot remove the sandbox's cgroup");

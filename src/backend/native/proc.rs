@@ -26,6 +26,13 @@ pub fn state(pid: i32) -> Option<char> {
     rest.split_whitespace().next()?.chars().next()
 }
 
+/// The parent PID of `pid`, or None when it does not exist.
+pub fn parent(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// A handle on a sandbox's PID 1 that survives PID reuse.
 #[derive(Debug)]
 pub struct ProcHandle {
