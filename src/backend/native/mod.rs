@@ -348,7 +348,6 @@ impl NativeBackend {
         if let Some(e) = save_err {
             return Err(fail(internal(e), handle.as_ref()));
         }
-        failpoint::hit("create:after_launch");
         let pid = match r {
             Ok(l) => l.pid,
             Err(e) => {
@@ -369,6 +368,7 @@ impl NativeBackend {
             Ok(fd) => Arc::new(fd),
             Err(e) => return Err(fail(internal(format!("open netns: {e}")), Some(&handle))),
         };
+        failpoint::hit("create:after_launch");
         st.phase = Phase::Running;
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
