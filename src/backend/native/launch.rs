@@ -212,3 +212,46 @@ pub fn launch(
     }
     Ok(Launched { pid })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pid_is_handed_over_before_the_report_ends() {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut f = std::fs::File::from(w);
+            std::io::Write::write_all(&mut f, b"{\"pid\":42}\n").unwrap();
+            // The launcher goes on (mounts, exec) long after the report.
+            std::thread::sleep(Duration::from_millis(500));
+            std::io::Write::write_all(&mut f, b"{\"step\":\"mount\",\"error\":\"x\"}").unwrap();
+        });
+        let start = Instant::now();
+        let mut seen = None;
+        let reports = read_reports(&r, start + Duration::from_secs(10), &mut |pid| {
+            seen = Some((pid, start.elapsed()));
+        })
+        .unwrap();
+        writer.join().unwrap();
+        let (pid, at) = seen.expect("on_pid not called");
+        assert_eq!(pid, 42);
+        assert!(
+            at < Duration::from_millis(400),
+            "PID handed over late: {at:?}"
+        );
+        // A last line without a newline is read at EOF.
+        assert_eq!(reports.len(), 2, "{reports:?}");
+    }
+
+    #[test]
+    fn a_silent_launcher_times_out() {
+        let (r, _w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let mut called = false;
+        let e = read_reports(&r, Instant::now() + Duration::from_millis(100), &mut |_| {
+            called = true;
+        });
+        assert!(matches!(e, Err(LaunchError::Timeout(_))), "{e:?}");
+        assert!(!called);
+    }
+}
