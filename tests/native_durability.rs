@@ -480,6 +480,18 @@ async fn a_recycled_pid_is_neither_adopted_nor_touched() {
     let (_, list) = d.json("GET", "/api/sandboxes", None).await;
     assert_eq!(list["count"], 0, "{list}");
     assert!(!dir.exists(), "the stale state dir was kept");
+    // Read as a valid record (not dropped as unreadable) and refused for
+    // its start time alone.
+    assert!(
+        d.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("cleaning up remains of sandbox")
+                && l.contains("sandbox_id=ghost")
+                && l.contains("alive=false")),
+        "the planted record was not read as a running sandbox"
+    );
     std::thread::sleep(Duration::from_millis(200));
     assert!(
         sleeper.try_wait().unwrap().is_none(),
