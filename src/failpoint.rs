@@ -11,7 +11,8 @@
 //! ready), `create:after_launch` (agent ready, state not yet `running`),
 //! `create:after_running`, `delete:after_state` (phase `deleting` written),
 //! `delete:after_kill` (PID 1 killed, cgroup and directory still there),
-//! `delete:after_cgroup` (cgroup removed, directory still there).
+//! `delete:after_cgroup` (cgroup removed, directory still there). The two
+//! last are in `destroy`, so they also fire in a failed create's cleanup.
 //!
 //! Launcher-side points ([`InitPoints`], in `sandbox-init`, which gets the
 //! name and the daemon's PID from the daemon in `SANDBOXD_FAILPOINT` and
