@@ -10,6 +10,7 @@
 //! - [`agent`]: the in-sandbox HTTP server (`sandbox-agent`);
 //! - [`init`]: the single-threaded launcher (`sandbox-init`);
 //! - [`systemd`]: sd_notify and socket activation.
+//! - [`failpoint`]: test-only crash injection (debug builds only).
 
 pub mod agent;
 pub mod api;
@@ -17,6 +18,7 @@ pub mod backend;
 pub mod cgroups;
 pub mod cli;
 pub mod config;
+pub mod failpoint;
 pub mod init;
 pub mod lifecycle;
 pub mod metrics;

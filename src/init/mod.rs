@@ -240,6 +240,8 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //    bad profile can still fail before anything exists; it is
     //    installed last, right before exec.
     let filters = compile_seccomp(&cfg)?;
+    // Test-only crash injection (a no-op in release builds).
+    let mut failpoints = crate::failpoint::InitPoints::from_env();
 
     // 4. Join the sandbox's cgroup before any namespace or payload exists,
     //    so every process of the sandbox is accounted and limited from its
@@ -259,6 +261,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         flags |= ns_flag(ns.typ())?;
     }
     nix::sched::unshare(flags).map_err(InitError::Unshare)?;
+    failpoints.hit("init:after_namespaces");
 
     // 6. Fork: the child is PID 1 of the new PID namespace. The parent
     //    reports the child's host PID and exits; the child is re-parented
@@ -267,12 +270,14 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     // arbitrary code after fork.
     match unsafe { nix::unistd::fork() }.map_err(InitError::Fork)? {
         ForkResult::Parent { child } => {
+            failpoints.before_pid_report();
             reporter.send(&Report::Pid {
                 pid: child.as_raw(),
             });
+            failpoints.after_pid_report();
             std::process::exit(0);
         }
-        ForkResult::Child => {}
+        ForkResult::Child => failpoints.after_fork_child(),
     }
 
     // 7. Make every mount private before touching anything, so no mount
@@ -294,6 +299,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         mounts::apply(&rootfs, &m)?;
     }
     mounts::create_devices(&rootfs, &linux.devices().clone().unwrap_or_default())?;
+    failpoints.hit("init:after_mounts");
 
     // 9. pivot_root into the rootfs and detach the host's root: from here
     //    on no host path is reachable.

@@ -68,27 +68,54 @@ fn wait_readable(fd: &OwnedFd, deadline: Instant) -> Result<bool, LaunchError> {
     }
 }
 
-/// Reads the whole report channel (until EOF or the deadline).
-fn read_report(fd: OwnedFd, deadline: Instant) -> Result<String, LaunchError> {
-    let mut out = Vec::new();
+/// Reads the report channel until EOF or the deadline, calling `on_pid`
+/// as soon as the PID line arrives (before the launch is over).
+fn read_reports(
+    fd: &OwnedFd,
+    deadline: Instant,
+    on_pid: &mut dyn FnMut(i32),
+) -> Result<Vec<Report>, LaunchError> {
+    let mut reports = Vec::new();
+    let mut pending = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        if !wait_readable(&fd, deadline)? {
+        if !wait_readable(fd, deadline)? {
             return Err(LaunchError::Timeout(Duration::ZERO));
         }
-        match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
-            Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(nix::errno::Errno::EINTR) => {}
+        let n = match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(LaunchError::Io(e.into())),
+        };
+        pending.extend_from_slice(&buf[..n]);
+        // Complete lines (everything at EOF).
+        let cut = if n == 0 {
+            pending.len()
+        } else {
+            pending
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1)
+        };
+        let lines: Vec<u8> = pending.drain(..cut).collect();
+        for r in report::parse(&String::from_utf8_lossy(&lines)) {
+            if let Report::Pid { pid } = r {
+                on_pid(pid);
+            }
+            reports.push(r);
+        }
+        if n == 0 {
+            return Ok(reports);
         }
     }
-    Ok(String::from_utf8_lossy(&out).to_string())
 }
 
 /// Starts `init` on `bundle` and waits until the agent listens. On error
 /// the caller cleans up (it may have got a PID before the failure: see
-/// the `on_pid` callback, called as soon as the PID is known).
+/// the `on_pid` callback, called as soon as the launcher reports it, before
+/// readiness, so the caller can record it at once). On a timeout before
+/// the report ends the launcher itself is killed; what it may have forked
+/// already is in the sandbox's cgroup, which the caller kills.
 pub fn launch(
     init: &Path,
     bundle: &Path,
@@ -116,6 +143,7 @@ pub fn launch(
         .arg("--ready-fd")
         .arg(READY_FD.to_string())
         .env_clear()
+        .envs(crate::failpoint::launcher_env())
         .stdin(Stdio::null())
         .stdout(logf.try_clone().map_err(LaunchError::Io)?)
         .stderr(logf);
@@ -143,20 +171,21 @@ pub fn launch(
     drop(report_w);
     drop(ready_w);
 
-    let text = read_report(report_r, deadline);
+    let reports = read_reports(&report_r, deadline, on_pid);
+    if reports.is_err() {
+        // A launcher that hangs must not outlive the create (nor block the
+        // wait below).
+        let _ = child.kill();
+    }
     let _ = child.wait();
-    let text = text.map_err(|e| match e {
+    let reports = reports.map_err(|e| match e {
         LaunchError::Timeout(_) => LaunchError::Timeout(timeout),
         e => e,
     })?;
-    let reports = report::parse(&text);
     let pid = reports.iter().find_map(|r| match r {
         Report::Pid { pid } => Some(*pid),
         _ => None,
     });
-    if let Some(pid) = pid {
-        on_pid(pid);
-    }
     if let Some(Report::Failed { step, error }) =
         reports.iter().find(|r| matches!(r, Report::Failed { .. }))
     {
@@ -192,4 +221,47 @@ fn log_tail(log: &Path) -> String {
         start += 1;
     }
     text[start..].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pid_is_handed_over_before_the_report_ends() {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut f = std::fs::File::from(w);
+            std::io::Write::write_all(&mut f, b"{\"pid\":42}\n").unwrap();
+            // The launcher goes on (mounts, exec) long after the report.
+            std::thread::sleep(Duration::from_millis(500));
+            std::io::Write::write_all(&mut f, b"{\"step\":\"mount\",\"error\":\"x\"}").unwrap();
+        });
+        let start = Instant::now();
+        let mut seen = None;
+        let reports = read_reports(&r, start + Duration::from_secs(10), &mut |pid| {
+            seen = Some((pid, start.elapsed()));
+        })
+        .unwrap();
+        writer.join().unwrap();
+        let (pid, at) = seen.expect("on_pid not called");
+        assert_eq!(pid, 42);
+        assert!(
+            at < Duration::from_millis(400),
+            "PID handed over late: {at:?}"
+        );
+        // A last line without a newline is read at EOF.
+        assert_eq!(reports.len(), 2, "{reports:?}");
+    }
+
+    #[test]
+    fn a_silent_launcher_times_out() {
+        let (r, _w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let mut called = false;
+        let e = read_reports(&r, Instant::now() + Duration::from_millis(100), &mut |_| {
+            called = true;
+        });
+        assert!(matches!(e, Err(LaunchError::Timeout(_))), "{e:?}");
+        assert!(!called);
+    }
 }

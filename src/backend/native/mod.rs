@@ -1,7 +1,8 @@
 //! The native backend: sandboxes as containers this node builds and starts
 //! itself. Per sandbox: a state directory with `state.json` and an OCI
 //! bundle, a `sandbox-init` launch, a kept network-namespace fd through
-//! which the proxy reaches the agent, and a pidfd on its PID 1.
+//! which the proxy reaches the agent, and a pidfd on its PID 1 (watched
+//! for exits by [`watch`]).
 //!
 //! This module owns everything under `<state_dir>/sandboxes/` and the
 //! per-user directories it creates; it never deletes user files.
@@ -20,6 +21,7 @@ use tracing::{info, warn};
 use super::{Backend, BackendError, Upstream};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
+use crate::failpoint;
 use crate::model::{
     new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
 };
@@ -31,6 +33,7 @@ pub mod paths;
 pub mod proc;
 pub mod reconcile;
 pub mod state;
+mod watch;
 
 use bundle::HostLayout;
 use netns::NetnsDialer;
@@ -80,7 +83,8 @@ pub struct NativeBackend {
     seccomp: Seccomp,
     cgroups: CgroupRoot,
     dialer: NetnsDialer,
-    live: Mutex<HashMap<String, Live>>,
+    /// Shared with the exit watchers ([`watch`]).
+    live: Arc<Mutex<HashMap<String, Live>>>,
 }
 
 fn internal(e: impl std::fmt::Display) -> BackendError {
@@ -153,7 +157,7 @@ impl NativeBackend {
             seccomp,
             cgroups,
             dialer: NetnsDialer::start().map_err(internal)?,
-            live: Mutex::new(HashMap::new()),
+            live: Arc::new(Mutex::new(HashMap::new())),
         };
         backend.reconcile();
         // Cgroups under our parent that no known sandbox owns: kill and
@@ -171,6 +175,13 @@ impl NativeBackend {
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tracks a running sandbox and starts watching its PID 1 for an exit.
+    fn track(&self, l: Live) {
+        let id = l.record.sandbox_id.clone();
+        watch::watch(&self.live, &id, &l.record.generation, l.handle.clone());
+        self.live().insert(id, l);
     }
 
     /// Checks and prepares the host paths of a persistent sandbox. Nothing
@@ -222,8 +233,10 @@ impl NativeBackend {
     }
 
     /// Kills what a failed or deleted incarnation left (its PID 1, then
-    /// every process of its cgroup), removes the cgroup and the sandbox's
-    /// directory. Never touches user files.
+    /// every process of its cgroup, which also catches a process whose PID
+    /// was never reported), removes the cgroup and the sandbox's
+    /// directory, in that order, so a crash part-way leaves the directory
+    /// and a restart finishes the job. Never touches user files.
     fn destroy(&self, id: &str, handle: Option<&ProcHandle>) {
         if let Some(h) = handle {
             h.kill();
@@ -231,10 +244,25 @@ impl NativeBackend {
                 warn!(sandbox_id = %id, pid = h.pid, "sandbox PID 1 did not exit after SIGKILL");
             }
         }
+        failpoint::hit("delete:after_kill");
         match self.cgroups.open(id) {
             Ok(Some(cg)) => {
+                // A PID 1 whose PID was never reported (launch timed out,
+                // launcher killed) was re-parented to us: reap it after the
+                // kill, or it stays a zombie child of the daemon.
+                let me = std::process::id() as i32;
+                let ours: Vec<ProcHandle> = cg
+                    .pids()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|p| proc::parent(*p) == Some(me))
+                    .filter_map(|p| ProcHandle::open(p, None))
+                    .collect();
                 if let Err(e) = cg.kill_all() {
                     warn!(sandbox_id = %id, error = %e, "cannot kill the sandbox's cgroup");
+                }
+                for h in &ours {
+                    h.wait_exit(Duration::from_secs(1));
                 }
                 if let Err(e) = cg.remove() {
                     warn!(sandbox_id = %id, error = %e, "cannot remove the sandbox's cgroup");
@@ -243,6 +271,7 @@ impl NativeBackend {
             Ok(None) => {}
             Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
         }
+        failpoint::hit("delete:after_cgroup");
         if let Err(e) = self.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
@@ -279,6 +308,7 @@ impl NativeBackend {
         if let Err(e) = self.state.save(&st) {
             return Err(fail(internal(e), None));
         }
+        failpoint::hit("create:after_state");
         let cgroup = match self.cgroups.create(&id, &spec.resources) {
             Ok(cg) => cg,
             Err(e) => return Err(fail(internal(e), None)),
@@ -287,24 +317,39 @@ impl NativeBackend {
         if let Err(e) = self.state.save(&st) {
             return Err(fail(internal(e), None));
         }
+        failpoint::hit("create:after_cgroup");
         let bundle_dir = self.state.bundle_dir(&id);
         if let Err(e) = self.write_bundle_to(spec, &generation, &bundle_dir) {
             return Err(fail(e, None));
         }
-        let mut launched_pid = None;
+        failpoint::hit("create:after_bundle");
+        let mut handle = None;
+        let mut save_err = None;
         let r = launch::launch(
             &self.init_path,
             &bundle_dir,
             &self.state.log_path(&id),
             timeout,
             &mut |pid| {
-                launched_pid = Some(pid);
+                // Record the PID (and its start time) at once, before
+                // waiting for readiness: a crash from here on leaves a
+                // state.json naming the live process.
+                handle = ProcHandle::open(pid, None);
+                if let Some(h) = &handle {
+                    st.pid = Some(pid);
+                    st.start_time = Some(h.start_time);
+                    if let Err(e) = self.state.save(&st) {
+                        save_err = Some(e);
+                    }
+                    failpoint::hit("create:after_pid");
+                } else {
+                    // It already exited: collect it, or it stays a zombie.
+                    proc::reap_if_zombie(pid);
+                }
             },
         );
-        let handle = launched_pid.and_then(|p| ProcHandle::open(p, None));
-        if let (Some(p), None) = (launched_pid, &handle) {
-            // It already exited: collect it, or it stays a zombie.
-            proc::reap_if_zombie(p);
+        if let Some(e) = save_err {
+            return Err(fail(internal(e), handle.as_ref()));
         }
         let pid = match r {
             Ok(l) => l.pid,
@@ -326,22 +371,21 @@ impl NativeBackend {
             Ok(fd) => Arc::new(fd),
             Err(e) => return Err(fail(internal(format!("open netns: {e}")), Some(&handle))),
         };
+        failpoint::hit("create:after_launch");
         st.phase = Phase::Running;
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
         if let Err(e) = self.state.save(&st) {
             return Err(fail(internal(e), Some(&handle)));
         }
+        failpoint::hit("create:after_running");
         let record = record_of(&st, SandboxStatus::Running);
-        self.live().insert(
-            id,
-            Live {
-                record: record.clone(),
-                handle: Arc::new(handle),
-                netns,
-                cgroup: Some(Arc::new(cgroup)),
-            },
-        );
+        self.track(Live {
+            record: record.clone(),
+            handle: Arc::new(handle),
+            netns,
+            cgroup: Some(Arc::new(cgroup)),
+        });
         Ok(record)
     }
 
@@ -359,6 +403,7 @@ impl NativeBackend {
                     st.phase = Phase::Deleting;
                     let _ = self.state.save(&st);
                 }
+                failpoint::hit("delete:after_state");
                 self.destroy(id, Some(&l.handle));
                 info!(sandbox_id = %id, pid = l.handle.pid, "sandbox destroyed");
                 Ok(())

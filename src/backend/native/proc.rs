@@ -1,12 +1,12 @@
 //! Host-side process handling of sandboxes: pidfds, start times (to defeat
 //! PID reuse), liveness, killing and reaping.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// The start time of `pid` (field 22 of `/proc/<pid>/stat`, clock ticks
@@ -33,8 +33,15 @@ pub fn state(pid: i32) -> Option<char> {
 /// that is not our child.
 pub fn reap_if_zombie(pid: i32) {
     if state(pid) == Some('Z') {
-        let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
     }
+}
+
+/// The parent PID of `pid`, or None when it does not exist.
+pub fn parent(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A handle on a sandbox's PID 1 that survives PID reuse.
@@ -81,7 +88,7 @@ impl ProcHandle {
             ) {
                 Ok(0) => return false,
                 Ok(_) => {
-                    self.reap();
+                    let _ = self.reap();
                     return true;
                 }
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -91,9 +98,21 @@ impl ProcHandle {
     }
 
     /// Collects the exit status when the daemon is the parent (as a
-    /// subreaper); harmless otherwise.
-    pub fn reap(&self) {
-        let _ = waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG));
+    /// subreaper); harmless otherwise (ECHILD). Waits on the pidfd, not the
+    /// PID, so a recycled PID of another child is never reaped by mistake.
+    /// Returns the exit status when it reaped the process.
+    pub fn reap(&self) -> Option<WaitStatus> {
+        waitid(
+            Id::PIDFd(self.pidfd.as_fd()),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
+        )
+        .ok()
+        .filter(|s| *s != WaitStatus::StillAlive)
+    }
+
+    /// The pidfd (readable once the process has exited).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
     }
 
     /// SIGKILLs the sandbox's PID 1 (which takes its whole PID namespace

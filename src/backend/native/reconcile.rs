@@ -42,15 +42,14 @@ impl NativeBackend {
                 (Phase::Running, Some(h)) => match netns::open_netns(h.pid) {
                     Ok(ns) => {
                         info!(sandbox_id = %id, generation = %st.generation, pid = h.pid, "adopted running sandbox");
-                        self.live().insert(
-                            id.clone(),
-                            Live {
-                                record: record_of(&st, SandboxStatus::Running),
-                                handle: Arc::new(h),
-                                netns: Arc::new(ns),
-                                cgroup: self.cgroups.open(&id).ok().flatten().map(Arc::new),
-                            },
-                        );
+                        // Watched like our own: it is no longer our child,
+                        // but its pidfd still reports the exit.
+                        self.track(Live {
+                            record: record_of(&st, SandboxStatus::Running),
+                            handle: Arc::new(h),
+                            netns: Arc::new(ns),
+                            cgroup: self.cgroups.open(&id).ok().flatten().map(Arc::new),
+                        });
                         adopted += 1;
                     }
                     Err(e) => {

@@ -1,0 +1,591 @@
+//! Crash safety of the native backend (privileged): sandboxes outlive a
+//! `kill -9` of the daemon and are adopted with their generation; a crash
+//! at any failpoint of create or delete (debug builds: `SANDBOXD_FAILPOINT`)
+//! leaks nothing once the daemon restarts, and the API tells the truth; a
+//! recycled PID is never adopted nor touched; an exit of PID 1 is noticed.
+//!
+//! Processes of a crashed daemon are re-parented to the host's init, so
+//! sandbox processes are found by cgroup (the test's own cgroup parent),
+//! not as children of the daemon.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{privileged, Daemon, NativeDirs, TOKEN};
+use serde_json::json;
+
+/// Everything a sandbox could leak on the host.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot {
+    /// "pid cmdline" of processes in the test's cgroup parent or children
+    /// of the daemon.
+    processes: BTreeSet<String>,
+    net_namespaces: BTreeSet<String>,
+    cgroups: BTreeSet<String>,
+    mounts: BTreeSet<String>,
+    state_dirs: BTreeSet<String>,
+}
+
+fn ppid(pid: &str) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// PIDs of the processes in `dirs`' cgroup parent (any controller).
+fn sandbox_pids(dirs: &NativeDirs) -> Vec<u32> {
+    let needle = format!("/{}/", dirs.cgroup_parent);
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|c| c.lines().any(|l| l.contains(&needle)))
+        })
+        .collect()
+}
+
+fn snapshot(dirs: &NativeDirs, state: &Path, daemon: Option<u32>) -> Snapshot {
+    let mut pids: BTreeSet<u32> = sandbox_pids(dirs).into_iter().collect();
+    if let Some(d) = daemon {
+        for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+            let name = e.file_name().to_string_lossy().to_string();
+            if ppid(&name) == Some(d) {
+                pids.extend(name.parse::<u32>().ok());
+            }
+        }
+    }
+    let mut processes = BTreeSet::new();
+    let mut net_namespaces = BTreeSet::new();
+    for pid in pids {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        processes.insert(format!("{pid} {cmd}"));
+        if let Ok(l) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            net_namespaces.insert(l.to_string_lossy().to_string());
+        }
+    }
+    let list = |p: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(p)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut cgroups = BTreeSet::new();
+    for c in std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .filter_map(|e| e.ok())
+    {
+        cgroups.extend(list(&c.path().join(&dirs.cgroup_parent)));
+    }
+    cgroups.extend(list(&Path::new("/sys/fs/cgroup").join(&dirs.cgroup_parent)));
+    let (root, st) = (
+        dirs.root.path().to_string_lossy().to_string(),
+        state.to_string_lossy().to_string(),
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().nth(4).unwrap_or("").to_string())
+        .filter(|m| m.starts_with(&root) || m.starts_with(&st))
+        .collect();
+    Snapshot {
+        processes,
+        net_namespaces,
+        cgroups,
+        mounts,
+        state_dirs: list(&state.join("sandboxes")),
+    }
+}
+
+/// Waits (bounded) until the snapshot equals `before`; the kernel tears
+/// namespaces and cgroups of killed processes down asynchronously.
+fn assert_no_leak(
+    dirs: &NativeDirs,
+    state: &Path,
+    daemon: Option<u32>,
+    before: &Snapshot,
+    what: &str,
+) {
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = snapshot(dirs, state, daemon);
+        if &now == before {
+            return;
+        }
+        if Instant::now() > end {
+            panic!("{what}: something leaked\nbefore: {before:#?}\nafter: {now:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Sends a request the daemon is expected to die on; returns the status
+/// if it answered anyway.
+async fn call_expecting_crash(
+    d: &Daemon,
+    method: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> Option<u16> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(d.url(path))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(common::full(serde_json::to_vec(&body).unwrap()))
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(60), d.client.request(req)).await {
+        Ok(Ok(r)) => Some(r.status().as_u16()),
+        _ => None,
+    }
+}
+
+/// Waits for the daemon to die by SIGKILL; hands back its state dir.
+fn wait_crashed(mut d: Daemon, what: &str) -> tempfile::TempDir {
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "{what}: the daemon did not crash");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "{what}: daemon ended with {status:?}"
+    );
+    std::mem::replace(&mut d.state_dir, tempfile::tempdir().unwrap())
+}
+
+fn state_json(state: &Path, id: &str) -> Option<serde_json::Value> {
+    let b = std::fs::read(state.join("sandboxes").join(id).join("state.json")).ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+#[tokio::test]
+async fn sandboxes_survive_kill_9_and_are_adopted() {
+    if !privileged("sandboxes_survive_kill_9_and_are_adopted") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    common::mkdir_user(&dirs.workspace("u1").join("proj"));
+    let state = tempfile::tempdir().unwrap();
+    let before = snapshot(&dirs, state.path(), None);
+    let mut d = Daemon::start_native_in(&dirs, state, &[]);
+
+    let (s, p) = d
+        .create(json!({"sandbox_id":"pers","thread_id":"t1","uid":"u1","workdir_path":"proj"}))
+        .await;
+    assert_eq!(s, 200, "{p}");
+    let (s, e) = d
+        .create(json!({"sandbox_id":"eph","thread_id":"t2","uid":"u2","inherit_env":false}))
+        .await;
+    assert_eq!(s, 200, "{e}");
+    // Files written from inside, with bytes of every value.
+    let (out, code) = d
+        .exec(
+            "pers",
+            "cd /home/gem/user-data/proj && head -c 65536 /dev/urandom > blob && echo hello > note && sha256sum blob | cut -c1-64",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let blob_sum = out.trim().to_string();
+    let host_blob = std::fs::read(dirs.workspace("u1").join("proj/blob")).unwrap();
+    d.exec("eph", "echo in-tmpfs > /home/gem/user-data/f").await;
+    let pids_before: BTreeSet<u32> = sandbox_pids(&dirs).into_iter().collect();
+    assert!(!pids_before.is_empty());
+
+    d.kill();
+    let state = std::mem::replace(&mut d.state_dir, tempfile::tempdir().unwrap());
+    drop(d);
+    // The sandboxes did not die with the daemon.
+    assert_eq!(
+        sandbox_pids(&dirs).into_iter().collect::<BTreeSet<_>>(),
+        pids_before
+    );
+
+    let d = Daemon::start_native_in(&dirs, state, &[]);
+    for (id, created) in [("pers", &p), ("eph", &e)] {
+        let (s, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+        assert_eq!(s, 200, "{id}: {v}");
+        assert_eq!(v["generation"], created["generation"], "{id}");
+        assert_eq!(v["status"], "running", "{id}");
+    }
+    let (s, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["count"], 2, "{v}");
+    // They answer through the proxy; user files are intact.
+    let (out, _) = d
+        .exec(
+            "pers",
+            "cd /home/gem/user-data/proj && sha256sum blob | cut -c1-64; cat note",
+        )
+        .await;
+    assert_eq!(out, format!("{blob_sum}\nhello\n"));
+    assert_eq!(
+        std::fs::read(dirs.workspace("u1").join("proj/blob")).unwrap(),
+        host_blob
+    );
+    let (out, _) = d.exec("eph", "cat /home/gem/user-data/f").await;
+    assert_eq!(out, "in-tmpfs\n");
+    // A create with the same identity reuses the adopted incarnation.
+    let (s, v) = d
+        .create(json!({"sandbox_id":"pers","thread_id":"t1","uid":"u1","workdir_path":"proj"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["generation"], p["generation"]);
+
+    // Deletes after the restart clean everything (user files stay).
+    for (id, created) in [("pers", &p), ("eph", &e)] {
+        let g = created["generation"].as_str().unwrap();
+        let (s, v) = d
+            .json(
+                "DELETE",
+                &format!("/api/sandboxes/{id}?expected_generation={g}"),
+                None,
+            )
+            .await;
+        assert_eq!(s, 200, "{id}: {v}");
+    }
+    assert_no_leak(
+        &dirs,
+        d.state_dir.path(),
+        Some(d.pid()),
+        &before,
+        "after delete",
+    );
+    assert_eq!(
+        std::fs::read(dirs.workspace("u1").join("proj/blob")).unwrap(),
+        host_blob
+    );
+}
+
+/// Creates `id` with `failpoint` armed, expects the daemon to die, then
+/// restarts it without; returns the restarted daemon.
+async fn crash_create(
+    dirs: &NativeDirs,
+    state: tempfile::TempDir,
+    failpoint: &str,
+    id: &str,
+) -> Daemon {
+    let d = Daemon::start_native_in(dirs, state, &[("SANDBOXD_FAILPOINT", failpoint)]);
+    let body = json!({"sandbox_id": id, "thread_id":"t","uid":"u1","workdir_path":"proj"});
+    let status = call_expecting_crash(&d, "POST", "/api/sandboxes", body).await;
+    assert_eq!(status, None, "{failpoint}: the create answered");
+    let state = wait_crashed(d, failpoint);
+    Daemon::start_native_in(dirs, state, &[])
+}
+
+#[tokio::test]
+async fn a_crash_during_create_leaks_nothing() {
+    if !privileged("a_crash_during_create_leaks_nothing") {
+        return;
+    }
+    if !cfg!(debug_assertions) {
+        eprintln!("\n*** SKIPPED a_crash_during_create_leaks_nothing: failpoints exist in debug builds only ***\n");
+        return;
+    }
+    let dirs = NativeDirs::new();
+    common::mkdir_user(&dirs.workspace("u1").join("proj"));
+    let mut state = tempfile::tempdir().unwrap();
+    let before = snapshot(&dirs, state.path(), None);
+    for fp in [
+        "create:after_state",
+        "create:after_cgroup",
+        "create:after_bundle",
+        "init:after_namespaces",
+        "init:after_mounts",
+        "create:after_pid",
+        "create:after_launch",
+        "create:after_running",
+    ] {
+        let id = format!("c{}", fp.replace([':', '_'], "-"));
+        let d = crash_create(&dirs, state, fp, &id).await;
+        let (s, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+        let (_, list) = d.json("GET", "/api/sandboxes", None).await;
+        if fp == "create:after_running" {
+            // Recorded as running before the crash: adopted, with the
+            // generation on disk, and it works.
+            assert_eq!(s, 200, "{fp}: {v}");
+            assert_eq!(v["status"], "running", "{fp}");
+            let on_disk = state_json(d.state_dir.path(), &id).unwrap();
+            assert_eq!(v["generation"], on_disk["generation"], "{fp}");
+            assert_eq!(list["count"], 1, "{fp}: {list}");
+            let (out, _) = d.exec(&id, "echo ok").await;
+            assert_eq!(out, "ok\n");
+            let (s, _) = d
+                .json("DELETE", &format!("/api/sandboxes/{id}"), None)
+                .await;
+            assert_eq!(s, 200);
+        } else {
+            assert_eq!(s, 404, "{fp}: a crashed create is reported: {v}");
+            assert_eq!(list["count"], 0, "{fp}: {list}");
+        }
+        assert_no_leak(&dirs, d.state_dir.path(), Some(d.pid()), &before, fp);
+        // The id is usable again.
+        let (s, v) = d
+            .create(json!({"sandbox_id": id, "thread_id":"t","uid":"u1","workdir_path":"proj"}))
+            .await;
+        assert_eq!(s, 200, "{fp}: {v}");
+        let (s, _) = d
+            .json("DELETE", &format!("/api/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(s, 200);
+        assert_no_leak(&dirs, d.state_dir.path(), Some(d.pid()), &before, fp);
+        let mut d = d;
+        state = std::mem::replace(&mut d.state_dir, tempfile::tempdir().unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_crash_during_delete_leaks_nothing() {
+    if !privileged("a_crash_during_delete_leaks_nothing") {
+        return;
+    }
+    if !cfg!(debug_assertions) {
+        eprintln!("\n*** SKIPPED a_crash_during_delete_leaks_nothing: failpoints exist in debug builds only ***\n");
+        return;
+    }
+    let dirs = NativeDirs::new();
+    common::mkdir_user(&dirs.workspace("u1").join("proj"));
+    let mut state = tempfile::tempdir().unwrap();
+    let before = snapshot(&dirs, state.path(), None);
+    for fp in [
+        "delete:after_state",
+        "delete:after_kill",
+        "delete:after_cgroup",
+    ] {
+        let id = format!("d{}", fp.replace([':', '_'], "-"));
+        let d = Daemon::start_native_in(&dirs, state, &[("SANDBOXD_FAILPOINT", fp)]);
+        let (s, v) = d
+            .create(json!({"sandbox_id": id, "thread_id":"t","uid":"u1","workdir_path":"proj"}))
+            .await;
+        assert_eq!(s, 200, "{fp}: {v}");
+        let status =
+            call_expecting_crash(&d, "DELETE", &format!("/api/sandboxes/{id}"), json!({})).await;
+        assert_eq!(status, None, "{fp}: the delete answered");
+        let state2 = wait_crashed(d, fp);
+        let mut d = Daemon::start_native_in(&dirs, state2, &[]);
+        // Never half: deleted (the phase `deleting` was recorded first).
+        let (s, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+        assert_eq!(s, 404, "{fp}: {v}");
+        let (_, list) = d.json("GET", "/api/sandboxes", None).await;
+        assert_eq!(list["count"], 0, "{fp}: {list}");
+        assert_no_leak(&dirs, d.state_dir.path(), Some(d.pid()), &before, fp);
+        state = std::mem::replace(&mut d.state_dir, tempfile::tempdir().unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_launch_timeout_before_the_pid_kills_everything() {
+    if !privileged("a_launch_timeout_before_the_pid_kills_everything") {
+        return;
+    }
+    if !cfg!(debug_assertions) {
+        eprintln!("\n*** SKIPPED a_launch_timeout_before_the_pid_kills_everything: failpoints exist in debug builds only ***\n");
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let state = tempfile::tempdir().unwrap();
+    let before = snapshot(&dirs, state.path(), None);
+    // The launcher forks the agent, then hangs without reporting its PID.
+    let d = Daemon::start_native_in(
+        &dirs,
+        state,
+        &[
+            ("SANDBOXD_FAILPOINT", "init:stall_before_pid"),
+            ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "3"),
+        ],
+    );
+    let started = Instant::now();
+    let (s, v) = d
+        .create(json!({"sandbox_id":"stall","thread_id":"t","uid":"u1","inherit_env":false}))
+        .await;
+    assert_eq!(s, 500, "{v}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the create outlived its timeout: {:?}",
+        started.elapsed()
+    );
+    // It is the launcher that hung (its note is in the sandbox's log, gone
+    // with the sandbox directory): the create waited for the timeout.
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert!(
+        v["detail"].as_str().unwrap_or("").contains("healthy"),
+        "{v}"
+    );
+    // Both the hung launcher and the agent it forked are gone.
+    assert_no_leak(&dirs, d.state_dir.path(), Some(d.pid()), &before, "timeout");
+    let (s, _) = d.json("GET", "/api/sandboxes/stall", None).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn a_recycled_pid_is_neither_adopted_nor_touched() {
+    if !privileged("a_recycled_pid_is_neither_adopted_nor_touched") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let state = tempfile::tempdir().unwrap();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let pid = sleeper.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let start: u64 = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let dir = state.path().join("sandboxes/ghost");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("state.json"),
+        serde_json::to_vec(&json!({
+            "sandbox_id": "ghost",
+            "generation": "0123456789abcdef0123456789abcdef",
+            "identity": {"thread_id":"t","uid":"u1","workdir_path":null,"storage":"ephemeral"},
+            "phase": "running",
+            "pid": pid,
+            "start_time": start + 12345,
+            "cgroup": null,
+            "resources": {"memory_mb": 512, "cpus": 1.0, "pids": 256},
+            "created_at": 0
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let d = Daemon::start_native_in(&dirs, state, &[]);
+    let (s, _) = d.json("GET", "/api/sandboxes/ghost", None).await;
+    assert_eq!(s, 404);
+    let (_, list) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(list["count"], 0, "{list}");
+    assert!(!dir.exists(), "the stale state dir was kept");
+    // Read as a valid record (not dropped as unreadable) and refused for
+    // its start time alone.
+    assert!(
+        d.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("cleaning up remains of sandbox")
+                && l.contains("sandbox_id=ghost")
+                && l.contains("alive=false")),
+        "the planted record was not read as a running sandbox"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        sleeper.try_wait().unwrap().is_none(),
+        "the unrelated process was killed"
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}
+
+/// PID 1 of `id` (the agent), found through the sandbox's cgroup.
+fn agent_pid(dirs: &NativeDirs, id: &str) -> u32 {
+    let needle = format!("/{}/{id}", dirs.cgroup_parent);
+    sandbox_pids(dirs)
+        .into_iter()
+        .find(|pid| {
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cg.lines().any(|l| l.ends_with(&needle))
+                && String::from_utf8_lossy(&cmd).starts_with("/.sandboxd/sandbox-agent")
+        })
+        .unwrap_or_else(|| panic!("no agent of {id}"))
+}
+
+async fn wait_status(d: &Daemon, id: &str, want: &str) {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+        if v["status"] == want {
+            return;
+        }
+        assert!(Instant::now() < end, "{id} never became {want}: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_exit_of_pid_1_is_noticed_for_own_and_adopted_sandboxes() {
+    if !privileged("an_exit_of_pid_1_is_noticed_for_own_and_adopted_sandboxes") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let mut d = Daemon::start_native(&dirs, &[]);
+    for id in ["own", "adopted"] {
+        let (s, v) = d
+            .create(json!({"sandbox_id": id, "thread_id":"t","uid":"u1","inherit_env":false}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    // Our own child: killed behind the daemon's back.
+    let pid = agent_pid(&dirs, "own");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        d.wait_log("sandbox exited", Duration::from_secs(10)),
+        "exit not logged"
+    );
+    assert!(d.log_contains("sandbox_id=own"));
+    wait_status(&d, "own", "exited").await;
+    // Reaped (we are its parent as a subreaper): no zombie left.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.contains(") Z ")),
+        "PID 1 of own was not reaped"
+    );
+
+    // An adopted sandbox is not our child; its exit is still noticed.
+    d.kill();
+    let state = std::mem::replace(&mut d.state_dir, tempfile::tempdir().unwrap());
+    drop(d);
+    let d = Daemon::start_native_in(&dirs, state, &[]);
+    wait_status(&d, "adopted", "running").await;
+    let pid = agent_pid(&dirs, "adopted");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        d.wait_log("sandbox exited", Duration::from_secs(10)),
+        "exit of an adopted sandbox not logged"
+    );
+    wait_status(&d, "adopted", "exited").await;
+    // The next create replaces it with a new generation that works.
+    let (_, old) = d.json("GET", "/api/sandboxes/adopted", None).await;
+    let (s, v) = d
+        .create(json!({"sandbox_id":"adopted","thread_id":"t","uid":"u1","inherit_env":false}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_ne!(v["generation"], old["generation"]);
+    let (out, _) = d.exec("adopted", "echo back").await;
+    assert_eq!(out, "back\n");
+}
