@@ -144,6 +144,7 @@ impl NativeBackend {
         };
         let base = bundle::load_base(cfg.native.base_spec.as_deref()).map_err(internal)?;
         let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent).map_err(internal)?;
+        move_into_leaf_if_delegated(&cgroups)?;
         let state = StateDir::new(&cfg.state_dir);
         std::fs::create_dir_all(state.root()).map_err(internal)?;
         // Sandboxes are re-parented to us when their launcher exits, so we
@@ -420,6 +421,27 @@ impl NativeBackend {
             }
         }
     }
+}
+
+/// cgroup v2 forbids processes in a cgroup whose controllers are enabled
+/// for its children. When the sandboxes' parent lies inside the daemon's
+/// own cgroup (systemd `Delegate=yes` with `cgroup_parent` under the
+/// service's cgroup), the daemon first moves itself into a `daemon` leaf.
+fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), BackendError> {
+    if cgroups.layout() != crate::cgroups::Layout::V2 {
+        return Ok(());
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Some(own) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return Ok(());
+    };
+    let parent = cgroups.relative_path("x");
+    let parent = parent.parent().unwrap_or(Path::new("/"));
+    if own != "/" && parent.starts_with(own) {
+        let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon").map_err(internal)?;
+        info!(?service, "moved the daemon into the leaf cgroup `daemon` of its delegated subtree");
+    }
+    Ok(())
 }
 
 fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
