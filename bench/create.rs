@@ -299,7 +299,11 @@ Goal: p50 create-to-ready no slower than runc on the same bundle, under 30 ms.\n
     std::fs::write(&doc, new).unwrap();
     println!("wrote {}", doc.display());
     // The daemon removed its sandboxes' cgroups; the parent goes too.
-    for c in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+    for c in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let _ = std::fs::remove_dir(c.path().join("sandboxd-bench"));
     }
 }

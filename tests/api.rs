@@ -608,3 +608,37 @@ async fn large_transfers_stream_without_buffering() {
     eprintln!("daemon RSS baseline {base} KiB, peak {peak} KiB, growth {growth_mib:.1} MiB");
     assert!(growth_mib < 32.0, "daemon RSS grew {growth_mib:.1} MiB");
 }
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let (mut d, _) = daemon_with_upstream(&[]).await;
+    d.json(
+        "POST",
+        "/api/sandboxes",
+        Some(create_body("inflight", "t", "u")),
+    )
+    .await;
+    let req = http::Request::builder()
+        .uri(d.url("/api/sandboxes/inflight/proxy/slow?chunks=8&ms=100"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(full(Bytes::new()))
+        .unwrap();
+    let resp = d.client.request(req).await.unwrap();
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut n = 1;
+    while let Some(f) = body.frame().await {
+        f.expect("stream cut by the shutdown");
+        n += 1;
+    }
+    assert_eq!(n, 8, "the in-flight response did not complete");
+    let status = d.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    // New connections are refused once the daemon stopped accepting.
+    assert!(std::net::TcpStream::connect(d.addr).is_err());
+}

@@ -589,3 +589,52 @@ async fn an_exit_of_pid_1_is_noticed_for_own_and_adopted_sandboxes() {
     let (out, _) = d.exec("adopted", "echo back").await;
     assert_eq!(out, "back\n");
 }
+
+/// The default shutdown policy: SIGTERM stops the daemon, not its
+/// sandboxes; the next daemon adopts them with their generation. With
+/// `stop_sandboxes_on_exit`, SIGTERM stops them all.
+#[tokio::test]
+async fn sigterm_leaves_sandboxes_running_unless_configured() {
+    if !privileged("sigterm_leaves_sandboxes_running_unless_configured") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let keep = [("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "false")];
+    let mut d = Daemon::start_native_in(&dirs, tempfile::tempdir().unwrap(), &keep);
+    let (s, v) = d
+        .create(json!({"sandbox_id":"term","thread_id":"t","uid":"u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let pids = sandbox_pids(&dirs);
+    assert!(!pids.is_empty());
+    let status = d.terminate();
+    assert!(status.success(), "daemon exit on SIGTERM: {status:?}");
+    assert!(d.wait_log("leaving sandboxes running", Duration::from_secs(1)));
+    assert_eq!(sandbox_pids(&dirs), pids, "SIGTERM killed sandboxes");
+    let state = std::mem::replace(&mut d.state_dir, tempfile::tempdir().unwrap());
+    drop(d);
+
+    // The restarted daemon (configured to stop sandboxes on exit) adopts it.
+    let mut d = Daemon::start_native_in(&dirs, state, &[]);
+    let (s, again) = d.json("GET", "/api/sandboxes/term", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(again["generation"], v["generation"]);
+    let (out, _) = d.exec("term", "echo still here").await;
+    assert_eq!(out, "still here\n");
+    let status = d.terminate();
+    assert!(status.success());
+    let end = Instant::now() + Duration::from_secs(10);
+    while !sandbox_pids(&dirs).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        sandbox_pids(&dirs).is_empty(),
+        "stop_sandboxes_on_exit left processes"
+    );
+    assert!(
+        std::fs::read_dir(d.state_dir.path().join("sandboxes"))
+            .map(|rd| rd.count())
+            .unwrap_or(0)
+            == 0
+    );
+}

@@ -439,7 +439,10 @@ fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), BackendError>
     let parent = parent.parent().unwrap_or(Path::new("/"));
     if own != "/" && parent.starts_with(own) {
         let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon").map_err(internal)?;
-        info!(?service, "moved the daemon into the leaf cgroup `daemon` of its delegated subtree");
+        info!(
+            ?service,
+            "moved the daemon into the leaf cgroup `daemon` of its delegated subtree"
+        );
     }
     Ok(())
 }
