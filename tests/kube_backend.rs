@@ -312,10 +312,13 @@ async fn stale_generation_delete_is_refused_by_the_api_server() {
         .expect("the newer pod survives");
     assert_eq!(uid_of(&pod), new_uid);
     assert_eq!(c.fake.services().len(), 1, "its service survives too");
-    // Without expected_generation the daemon still fences on what it holds.
+    // The daemon now tracks the newer incarnation...
+    let (s, v) = d.json("GET", "/api/sandboxes/g1", None).await;
+    assert_eq!((s, v["generation"].as_str()), (200, Some(new_uid.as_str())));
+    // ...and a delete without expected_generation deletes it.
     let (s, v) = d.json("DELETE", "/api/sandboxes/g1", None).await;
-    assert_eq!(s, 409, "{v}");
-    assert!(c.fake.pod(&object_name("g1")).is_some());
+    assert_eq!(s, 200, "{v}");
+    assert!(c.fake.pod(&object_name("g1")).is_none());
 }
 
 #[tokio::test]

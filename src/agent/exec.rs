@@ -267,12 +267,11 @@ impl Exec {
 const COMMAND_OOM_SCORE_ABOVE_AGENT: i32 = 500;
 
 /// The `oom_score_adj` of every command, as the bytes to write: the agent's
-/// own score (-500 from the base spec) plus 500, within 0..=1000. So the
-/// OOM killer prefers a command over the agent (PID 1: its death ends the
-/// sandbox): with the spec's -500 commands are back at 0, the kernel's
-/// default; on a host where the launcher could not lower the agent's score
-/// (no CAP_SYS_RESOURCE) commands go to 500 instead. Raising a score needs
-/// no privilege. Read once, before any fork.
+/// own score plus 500, within 0..=1000. So the OOM killer prefers a command
+/// over the agent (PID 1: its death ends the sandbox). The agent inherits
+/// its score (0 unless a base spec sets `process.oomScoreAdj`, e.g. -500 on
+/// hosts that grant CAP_SYS_RESOURCE, which puts commands back at 0).
+/// Raising a score needs no privilege. Read once, before any fork.
 fn command_oom_score() -> ([u8; 8], usize) {
     static SCORE: std::sync::OnceLock<([u8; 8], usize)> = std::sync::OnceLock::new();
     *SCORE.get_or_init(|| {

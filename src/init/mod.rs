@@ -332,8 +332,8 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     let umask = process.user().umask().unwrap_or(0o077);
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
 
-    // 13. The OOM score (OCI `process.oomScoreAdj`, negative in our base
-    //     spec): when the sandbox hits its memory limit, the kernel's OOM
+    // 13. The OOM score (OCI `process.oomScoreAdj`, when a base spec sets
+    //     one; the shipped one does not, see docs/operations.md): when the sandbox hits its memory limit, the kernel's OOM
     //     killer must pick the hog, not PID 1 (the agent; killing it ends
     //     the whole sandbox). Lowering the score needs CAP_SYS_RESOURCE,
     //     so this runs before privileges are dropped, and it runs after the

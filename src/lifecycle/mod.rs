@@ -354,7 +354,39 @@ impl Lifecycle {
                     return Ok(false);
                 }
             }
-            self.backend.delete(id, &record.generation).await?;
+            match self.backend.delete(id, &record.generation).await {
+                Ok(()) => {}
+                // What we track was replaced behind our back (another
+                // replica): track what exists now instead. A fenced caller
+                // observed a stale incarnation (409, nothing touched); an
+                // unfenced delete deletes the current one.
+                Err(BackendError::Conflict(reason)) => {
+                    warn!(%reason, generation = %record.generation,
+                          "tracked incarnation was replaced elsewhere");
+                    self.table().remove(id);
+                    let current = self
+                        .backend
+                        .list()
+                        .await?
+                        .into_iter()
+                        .find(|r| r.sandbox_id == id);
+                    let Some(current) = current else {
+                        return Ok(false);
+                    };
+                    self.track(current.clone());
+                    if let Some(expected) = expected_generation {
+                        if current.generation != expected {
+                            return Err(LifecycleError::GenerationMismatch {
+                                id: id.to_string(),
+                                live: current.generation,
+                                expected: expected.to_string(),
+                            });
+                        }
+                    }
+                    self.backend.delete(id, &current.generation).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
             self.table().remove(id);
             self.metrics
                 .delete_seconds

@@ -210,3 +210,17 @@ async fn stale_incarnation_replaced_elsewhere_is_forgotten_not_fatal() {
     let b = lc.create(req("s1", "t1")).await.unwrap();
     assert_ne!(a.generation, b.generation);
 }
+
+#[tokio::test]
+async fn delete_of_an_incarnation_replaced_elsewhere() {
+    let b = ReplacedBehindOurBack {
+        inner: MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap(),
+    };
+    let lc = Lifecycle::new(Arc::new(b), settings(None), Arc::new(Metrics::new()));
+    let a = lc.create(req("s1", "t1")).await.unwrap();
+    // The backend lists nothing else for s1 here (its inner registry holds
+    // the same generation, but deletes always conflict): a fenced delete
+    // on what we saw is refused with 409 only if something else lives.
+    let r = lc.delete("s1", Some(&a.generation)).await;
+    assert!(r.is_err(), "{r:?}");
+}
