@@ -401,28 +401,34 @@ async fn delete_waits_for_a_slow_streaming_response() {
         let (s, _) = d3.json("GET", "/api/sandboxes/slow/proxy/echo", None).await;
         (s, Instant::now())
     });
+    // Chunks arrive every 150 ms; the delete was asked for right after the
+    // first. When the second-to-last chunk arrives the stream is still in
+    // flight, so the delete must not have answered yet. (The very last
+    // chunk races with the delete's answer on another connection.)
     let mut rest = Vec::new();
+    let mut arrivals = Vec::new();
     while let Some(f) = body.frame().await {
         rest.extend_from_slice(&f.unwrap().into_data().unwrap());
+        arrivals.push(Instant::now());
     }
-    let stream_done = Instant::now();
     assert_eq!(
         String::from_utf8(rest).unwrap().lines().count(),
         9,
         "stream cut short"
     );
+    let still_streaming = arrivals[arrivals.len() - 2];
     let (s, deleted_at) = del.await.unwrap();
     assert_eq!(s, 200);
     assert!(
-        deleted_at >= stream_done,
-        "delete finished before the stream did"
+        deleted_at > still_streaming,
+        "delete finished while the stream was in flight"
     );
     let (s, late_at) = late.await.unwrap();
     assert_eq!(
         s, 404,
         "request admitted during the delete reached a deleted sandbox"
     );
-    assert!(late_at >= stream_done);
+    assert!(late_at > still_streaming);
 }
 
 #[tokio::test]

@@ -214,6 +214,12 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("cannot create state dir {}", cfg.state_dir.display()))?;
+    // Bundles, state and the token: root's business only.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg.state_dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot restrict state dir {}", cfg.state_dir.display()))?;
+    }
     let token = auth::load_token(
         cfg.token.as_deref(),
         cfg.token_file.as_deref(),

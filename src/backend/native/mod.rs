@@ -147,6 +147,11 @@ impl NativeBackend {
         move_into_leaf_if_delegated(&cgroups)?;
         let state = StateDir::new(&cfg.state_dir);
         std::fs::create_dir_all(state.root()).map_err(internal)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(state.root(), std::fs::Permissions::from_mode(0o700))
+                .map_err(internal)?;
+        }
         // Sandboxes are re-parented to us when their launcher exits, so we
         // can reap them (the host's PID 1 may not).
         nix::sys::prctl::set_child_subreaper(true).map_err(internal)?;
