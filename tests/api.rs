@@ -648,3 +648,27 @@ async fn sigterm_lets_in_flight_requests_finish() {
     // New connections are refused once the daemon stopped accepting.
     assert!(std::net::TcpStream::connect(d.addr).is_err());
 }
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive() {
+    let (d, _) = daemon_with_upstream(&[]).await;
+    d.json("POST", "/api/sandboxes", Some(create_body("ka", "t", "u")))
+        .await;
+    let mut peers = std::collections::HashSet::new();
+    for _ in 0..5 {
+        let (s, v) = d.json("GET", "/api/sandboxes/ka/proxy/echo", None).await;
+        assert_eq!(s, 200);
+        peers.insert(v["peer"].as_str().unwrap().to_string());
+    }
+    assert_eq!(
+        peers.len(),
+        1,
+        "sequential requests used new upstream connections: {peers:?}"
+    );
+    // A new incarnation never reuses a connection made for the old one.
+    d.json("DELETE", "/api/sandboxes/ka", None).await;
+    d.json("POST", "/api/sandboxes", Some(create_body("ka", "t", "u")))
+        .await;
+    let (_, v) = d.json("GET", "/api/sandboxes/ka/proxy/echo", None).await;
+    assert!(!peers.contains(v["peer"].as_str().unwrap()));
+}

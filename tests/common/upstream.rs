@@ -33,7 +33,7 @@ pub fn pattern_chunk(i: u64, len: usize) -> Bytes {
     )
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn handle(req: Request<Incoming>, peer: SocketAddr) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
     let resp = if path.ends_with("/echo") || path == "/echo" {
         let headers: serde_json::Map<String, serde_json::Value> = req
@@ -51,6 +51,7 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
             "path": path,
             "query": req.uri().query(),
             "headers": headers,
+            "peer": peer.to_string(),
         });
         Response::builder()
             .header("content-type", "application/json")
@@ -134,12 +135,12 @@ pub async fn start() -> SocketAddr {
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let Ok((s, _)) = l.accept().await else {
+            let Ok((s, peer)) = l.accept().await else {
                 continue;
             };
             tokio::spawn(async move {
                 let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), service_fn(handle))
+                    .serve_connection(TokioIo::new(s), service_fn(move |r| handle(r, peer)))
                     .await;
             });
         }
