@@ -18,6 +18,17 @@ async fn daemon_with_upstream(extra: &[(&str, &str)]) -> (Daemon, std::net::Sock
     (Daemon::start_memory(&env), up)
 }
 
+/// Starts an authenticated GET through the proxy; returns the response
+/// without reading its (streamed) body.
+async fn proxied_get(d: &Daemon, path: &str) -> http::Response<hyper::body::Incoming> {
+    let req = http::Request::builder()
+        .uri(d.url(path))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(full(Bytes::new()))
+        .unwrap();
+    d.client.request(req).await.unwrap()
+}
+
 #[tokio::test]
 async fn health_and_metrics_need_no_token() {
     let d = Daemon::start_memory(&[]);
@@ -371,12 +382,7 @@ async fn delete_waits_for_a_slow_streaming_response() {
             Some(create_body("slow", "t", "u")),
         )
         .await;
-    let req = http::Request::builder()
-        .uri(d.url("/api/sandboxes/slow/proxy/slow?chunks=10&ms=150"))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(full(Bytes::new()))
-        .unwrap();
-    let resp = d.client.request(req).await.unwrap();
+    let resp = proxied_get(&d, "/api/sandboxes/slow/proxy/slow?chunks=10&ms=150").await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     // First chunk arrived: the stream is in flight.
@@ -439,12 +445,7 @@ async fn different_ids_do_not_wait_for_each_other() {
         .await;
     d.json("POST", "/api/sandboxes", Some(create_body("b1", "t", "u")))
         .await;
-    let req = http::Request::builder()
-        .uri(d.url("/api/sandboxes/a1/proxy/slow?chunks=20&ms=100"))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(full(Bytes::new()))
-        .unwrap();
-    let resp = d.client.request(req).await.unwrap();
+    let resp = proxied_get(&d, "/api/sandboxes/a1/proxy/slow?chunks=20&ms=100").await;
     let mut body = resp.into_body();
     body.frame().await.unwrap().unwrap();
     let d2 = d.clone();
@@ -541,12 +542,7 @@ async fn quiesce_times_out_with_504_behind_a_stream() {
         Some(create_body("held", "t", "u")),
     )
     .await;
-    let req = http::Request::builder()
-        .uri(d.url("/api/sandboxes/held/proxy/slow?chunks=40&ms=100"))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(full(Bytes::new()))
-        .unwrap();
-    let resp = d.client.request(req).await.unwrap();
+    let resp = proxied_get(&d, "/api/sandboxes/held/proxy/slow?chunks=40&ms=100").await;
     let mut body = resp.into_body();
     body.frame().await.unwrap().unwrap();
     let started = Instant::now();
@@ -594,12 +590,11 @@ async fn large_transfers_stream_without_buffering() {
     assert_eq!(v["bytes"], TOTAL);
 
     // Download 200 MiB, consumed as it arrives.
-    let req = http::Request::builder()
-        .uri(d.url(&format!("/api/sandboxes/big/proxy/download?bytes={TOTAL}")))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(full(Bytes::new()))
-        .unwrap();
-    let resp = d.client.request(req).await.unwrap();
+    let resp = proxied_get(
+        &d,
+        &format!("/api/sandboxes/big/proxy/download?bytes={TOTAL}"),
+    )
+    .await;
     assert_eq!(resp.headers()["content-length"], TOTAL.to_string().as_str());
     let mut body = resp.into_body();
     let mut got = 0u64;
@@ -624,12 +619,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         Some(create_body("inflight", "t", "u")),
     )
     .await;
-    let req = http::Request::builder()
-        .uri(d.url("/api/sandboxes/inflight/proxy/slow?chunks=8&ms=100"))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(full(Bytes::new()))
-        .unwrap();
-    let resp = d.client.request(req).await.unwrap();
+    let resp = proxied_get(&d, "/api/sandboxes/inflight/proxy/slow?chunks=8&ms=100").await;
     let mut body = resp.into_body();
     body.frame().await.unwrap().unwrap();
     nix::sys::signal::kill(
