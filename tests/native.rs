@@ -324,3 +324,45 @@ async fn exec_timeout_kills_the_process_group_and_answers_before_n() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(out, "child gone\ngrandchild gone\n0\n");
 }
+
+#[tokio::test]
+async fn a_failing_launch_step_is_reported_by_name_and_cleaned_up() {
+    if !privileged("a_failing_launch_step_is_reported_by_name_and_cleaned_up") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    // A base spec whose mount table has a filesystem type no kernel knows:
+    // sandbox-init fails at its mount step, after the fork.
+    let mut base: serde_json::Value =
+        serde_json::from_str(include_str!("../oci/base.json")).unwrap();
+    base["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": "/mnt/bogus", "type": "nosuchfs", "source": "none", "options": []
+    }));
+    let base_path = dirs.root.path().join("base.json");
+    std::fs::write(&base_path, serde_json::to_vec(&base).unwrap()).unwrap();
+    let cfg = dirs.root.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!("[native]\nbase_spec = \"{}\"\n", base_path.display()),
+    )
+    .unwrap();
+    let d = Daemon::start_native(&dirs, &[("SANDBOXD_CONFIG", cfg.to_str().unwrap())]);
+    let (s, v) = d.create(body("bad", "t", "u1", None)).await;
+    assert_eq!(s, 500, "{v}");
+    let detail = v["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("step mount") && detail.contains("/mnt/bogus"),
+        "{detail}"
+    );
+    assert_eq!(children_of(d.pid()), 0, "a sandbox process was left behind");
+    assert!(ls(&d.state_dir.path().join("sandboxes")).is_empty());
+    for c in ls(Path::new("/sys/fs/cgroup")) {
+        let left = Path::new("/sys/fs/cgroup")
+            .join(c)
+            .join(&dirs.cgroup_parent)
+            .join("bad");
+        assert!(!left.exists(), "cgroup left: {}", left.display());
+    }
+    let (_, list) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(list["count"], 0);
+}
