@@ -9,32 +9,20 @@
 
 #[path = "agent_support/mod.rs"]
 mod agent_support;
+#[path = "pyclient/mod.rs"]
+mod pyclient;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use agent_support::Agent;
 
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("SANDBOXD_TEST_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-venv"));
-    let python = venv.join("bin/python");
-    python.exists().then_some(python)
-}
-
 #[test]
 fn published_python_client_round_trip() {
-    let Some(python) = venv_python() else {
-        let msg = "the agent-sandbox venv is missing; run tests/py/setup-venv.sh";
-        if std::env::var_os("CI").is_some() {
-            panic!("{msg} (CI is set, so this is a failure)");
-        }
-        eprintln!("\n*** SKIPPED published_python_client_round_trip: {msg} ***\n");
+    let Some(python) = pyclient::python_or_skip("published_python_client_round_trip") else {
         return;
     };
     let agent = Agent::start(&[]);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/agent_client_check.py");
+    let script = pyclient::script();
     let root = agent.path("client-check");
     let out = Command::new(python)
         .arg(script)
@@ -43,16 +31,5 @@ fn published_python_client_round_trip() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("run the python client check");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "client check failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
-    assert!(
-        stdout.lines().filter(|l| l.starts_with("ok ")).count() >= 20,
-        "{stdout}"
-    );
+    pyclient::assert_passed(&out, "client check");
 }

@@ -10,22 +10,14 @@
 //! test fails when `CI` is set and is skipped (loudly) otherwise.
 
 mod common;
+#[path = "pyclient/mod.rs"]
+mod pyclient;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::{mkdir_user, privileged, Daemon, NativeDirs, TOKEN};
 use serde_json::json;
-
-/// The venv's python, as in `tests/agent_client.rs`.
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("SANDBOXD_TEST_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-venv"));
-    let python = venv.join("bin/python");
-    python.exists().then_some(python)
-}
 
 #[tokio::test]
 async fn published_python_client_through_the_proxy() {
@@ -33,12 +25,7 @@ async fn published_python_client_through_the_proxy() {
     if !privileged(test) {
         return;
     }
-    let Some(python) = venv_python() else {
-        let msg = "the agent-sandbox venv is missing; run tests/py/setup-venv.sh";
-        if std::env::var_os("CI").is_some() {
-            panic!("{msg} (CI is set, so this is a failure)");
-        }
-        eprintln!("\n*** SKIPPED {test}: {msg} ***\n");
+    let Some(python) = pyclient::python_or_skip(test) else {
         return;
     };
     let dirs = NativeDirs::new();
@@ -57,7 +44,7 @@ async fn published_python_client_through_the_proxy() {
         "{v}"
     );
 
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/agent_client_check.py");
+    let script = pyclient::script();
     let run = |token: &str| {
         Command::new(&python)
             .arg(&script)
@@ -80,19 +67,7 @@ async fn published_python_client_through_the_proxy() {
     );
 
     let out = run(TOKEN);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "client check through the proxy failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
-    assert!(
-        stdout.lines().filter(|l| l.starts_with("ok ")).count() >= 20,
-        "{stdout}"
-    );
+    pyclient::assert_passed(&out, "client check through the proxy");
 
     // What the client wrote is in the user's workspace on the host, owned
     // by the sandbox user.

@@ -86,12 +86,7 @@ impl ResolvedRule {
 pub fn resolve(profile: &Profile) -> Result<Vec<ResolvedRule>, SeccompError> {
     let mut out = Vec::new();
     for (index, e) in profile.syscalls.iter().enumerate() {
-        let fail = |reason: String| SeccompError::Entry {
-            file: profile.source.clone(),
-            index,
-            names: e.names_list(),
-            reason,
-        };
+        let fail = |reason: String| profile.entry_error(index, reason);
         if e.names.is_empty() {
             return Err(fail("no syscall names".into()));
         }
@@ -224,16 +219,13 @@ pub fn compile(profile: &Profile) -> Result<CompiledFilters, SeccompError> {
     check_architectures(profile)?;
     let rules = resolve(profile)?;
     if let Some(c) = clashes(&rules).into_iter().next() {
-        let e = &profile.syscalls[c.other];
-        return Err(SeccompError::Entry {
-            file: file.clone(),
-            index: c.other,
-            names: e.names_list(),
-            reason: format!(
+        return Err(profile.entry_error(
+            c.other,
+            format!(
                 "{} {} (see syscalls[{}])",
                 c.name, c.reason, c.unconditional
             ),
-        });
+        ));
     }
 
     // Group rules by action: allow-list first, then the others in order of

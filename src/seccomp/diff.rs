@@ -45,12 +45,7 @@ pub fn docker_evaluator(profile: &Profile) -> Result<Evaluator, SeccompError> {
     let x86 = |arches: &[String]| arches.iter().any(|a| a == "amd64" || a == "x86_64");
     let mut rules = Vec::new();
     for (index, e) in profile.syscalls.iter().enumerate() {
-        let fail = |reason: String| SeccompError::Entry {
-            file: profile.source.clone(),
-            index,
-            names: e.names_list(),
-            reason,
-        };
+        let fail = |reason: String| profile.entry_error(index, reason);
         if let Some(inc) = &e.includes {
             if !inc.caps.is_empty() || (!inc.arches.is_empty() && !x86(&inc.arches)) {
                 continue;

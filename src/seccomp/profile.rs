@@ -246,6 +246,16 @@ impl SyscallEntry {
 }
 
 impl Profile {
+    /// The error for `syscalls[index]`: names the file, the entry and why.
+    pub fn entry_error(&self, index: usize, reason: String) -> SeccompError {
+        SeccompError::Entry {
+            file: self.source.clone(),
+            index,
+            names: self.syscalls[index].names_list(),
+            reason,
+        }
+    }
+
     /// Parses profile JSON; `file` names it in errors.
     pub fn parse(raw: &str, file: &str) -> Result<Profile, SeccompError> {
         let mut profile: Profile =
