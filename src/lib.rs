@@ -1,27 +1,28 @@
 //! `sandboxd`: a privileged, node-local sandbox runtime for AI-agent platforms.
 //!
-//! The tree follows the architecture in `docs/architecture.md`:
+//! This crate is the root daemon; the rest of the workspace is split along
+//! the trust boundaries (see `docs/architecture.md`):
 //! - [`api`]: HTTP only (routes, auth, streaming proxy, metrics);
 //! - [`lifecycle`]: the semantics every backend shares (identity, generations,
-//!   operation pins, idle reaper, quiesce gate);
+//!   proxy guards, idle reaper, quiesce gate);
 //! - [`backend`]: the [`backend::Backend`] trait and its implementations;
-//! - [`cgroups`]: per-sandbox cgroups (limits, OOM counters, kill);
-//! - [`seccomp`]: the profile, its compiler and the auditor CLI;
-//! - [`agent`]: the in-sandbox HTTP server (`sandbox-agent`);
-//! - [`init`]: the single-threaded launcher (`sandbox-init`);
-//! - [`systemd`]: sd_notify and socket activation.
-//! - [`failpoint`]: test-only crash injection (debug builds only).
+//! - [`cli`], [`config`], [`metrics`], [`systemd`] (sd_notify and socket
+//!   activation).
+//!
+//! From the other workspace crates, re-exported under their old names:
+//! [`model`] and [`failpoint`] (`sandbox-abi`), [`cgroups`]
+//! (`sandbox-cgroups`), [`seccomp`] (`sandbox-seccomp`). The launcher
+//! (`sandbox-init`) and the agent (`sandbox-agent`) are separate programs
+//! and are not linked into the daemon.
 
-pub mod agent;
 pub mod api;
 pub mod backend;
-pub mod cgroups;
 pub mod cli;
 pub mod config;
-pub mod failpoint;
-pub mod init;
 pub mod lifecycle;
 pub mod metrics;
-pub mod model;
-pub mod seccomp;
 pub mod systemd;
+
+pub use sandbox_abi::{failpoint, model};
+pub use sandbox_cgroups as cgroups;
+pub use sandbox_seccomp as seccomp;

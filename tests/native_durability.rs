@@ -295,8 +295,8 @@ async fn a_crash_during_create_leaks_nothing() {
     if !privileged("a_crash_during_create_leaks_nothing") {
         return;
     }
-    if !cfg!(debug_assertions) {
-        eprintln!("\n*** SKIPPED a_crash_during_create_leaks_nothing: failpoints exist in debug builds only ***\n");
+    if !sandboxd::failpoint::ENABLED {
+        eprintln!("\n*** SKIPPED a_crash_during_create_leaks_nothing: failpoints are compiled only with the failpoints feature ***\n");
         return;
     }
     let dirs = NativeDirs::new();
@@ -356,8 +356,8 @@ async fn a_crash_during_delete_leaks_nothing() {
     if !privileged("a_crash_during_delete_leaks_nothing") {
         return;
     }
-    if !cfg!(debug_assertions) {
-        eprintln!("\n*** SKIPPED a_crash_during_delete_leaks_nothing: failpoints exist in debug builds only ***\n");
+    if !sandboxd::failpoint::ENABLED {
+        eprintln!("\n*** SKIPPED a_crash_during_delete_leaks_nothing: failpoints are compiled only with the failpoints feature ***\n");
         return;
     }
     let dirs = NativeDirs::new();
@@ -395,8 +395,8 @@ async fn a_launch_timeout_before_the_pid_kills_everything() {
     if !privileged("a_launch_timeout_before_the_pid_kills_everything") {
         return;
     }
-    if !cfg!(debug_assertions) {
-        eprintln!("\n*** SKIPPED a_launch_timeout_before_the_pid_kills_everything: failpoints exist in debug builds only ***\n");
+    if !sandboxd::failpoint::ENABLED {
+        eprintln!("\n*** SKIPPED a_launch_timeout_before_the_pid_kills_everything: failpoints are compiled only with the failpoints feature ***\n");
         return;
     }
     let dirs = NativeDirs::new();

@@ -24,7 +24,6 @@ use common::{mkdir_user, privileged};
 use sandboxd::backend::native::netns::{open_netns, NetnsDialer};
 
 const SANDBOXD: &str = env!("CARGO_BIN_EXE_sandboxd");
-const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
 fn installed(runtime: &str) -> bool {
     Command::new(runtime)
@@ -51,7 +50,7 @@ fn write_bundle(root: &Path, id: &str) -> PathBuf {
             "user_data_root = {:?}\nskills_root = {:?}\n\n[native]\nagent_path = {:?}\n",
             user_data.display().to_string(),
             skills.display().to_string(),
-            AGENT,
+            &common::sibling_bin("sandbox-agent").display().to_string(),
         ),
     )
     .unwrap();

@@ -2,8 +2,8 @@
 //! cross-check against software nobody here wrote), `check`, `table`, and
 //! fail-closed behaviour on a bad profile.
 //!
-//! Docker's profile is read from `<repo>/../shared/reference/` (CI clones
-//! `shared/` beside the repository); its absence is a failure, not a skip.
+//! Docker's profile is the copy kept in `seccomp/reference/` (see its
+//! README for origin and version); its absence is a failure, not a skip.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -11,12 +11,10 @@ use std::process::{Command, Output};
 const SANDBOXD: &str = env!("CARGO_BIN_EXE_sandboxd");
 
 fn docker_reference() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/reference/docker-seccomp-default.json");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("seccomp/reference/docker-default.json");
     assert!(
         p.exists(),
-        "Docker's reference profile is missing at {}: clone the shared/ repository beside \
-         this one",
+        "Docker's reference profile is missing at {}",
         p.display()
     );
     p
@@ -59,6 +57,26 @@ fn diff_against_docker_we_allow_they_deny_is_empty() {
             "{name} not in 'we deny, they allow':\n{stricter}"
         );
     }
+}
+
+#[test]
+fn diff_defaults_to_the_embedded_docker_reference() {
+    let docker = docker_reference();
+    let (out, text) = sandboxd(&["seccomp", "diff"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        text.contains("seccomp/reference/docker-default.json"),
+        "{text}"
+    );
+    let (_, explicit) = sandboxd(&["seccomp", "diff", "--against", docker.to_str().unwrap()]);
+    // Same verdict line for line, apart from the header naming the source.
+    let body = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(body(&text), body(&explicit));
 }
 
 #[test]

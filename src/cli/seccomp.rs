@@ -1,7 +1,8 @@
 //! `sandboxd seccomp ...`: the auditor's and tests' view of the profile.
 //!
 //! - `table`: every x86_64 syscall number with its action and rationale;
-//! - `diff --against F`: disagreements with a Docker-format profile;
+//! - `diff [--against F]`: disagreements with a Docker-format profile
+//!   (default: Docker's own, `seccomp/reference/docker-default.json`);
 //! - `check`: compiles, counts BPF instructions, flags duplicates and clashes;
 //! - `expect`: the calls the probe must see fail, one `nr name errno` a line;
 //! - `run -- CMD...`: exec CMD under the compiled filters (evidence tool).
@@ -31,9 +32,11 @@ pub enum SeccompCmd {
     /// Compare with another profile in Docker format; non-zero exit if we
     /// allow anything it denies.
     Diff {
-        /// The other profile, e.g. ../shared/reference/docker-seccomp-default.json.
+        /// The other profile; default: Docker's default profile, embedded
+        /// from seccomp/reference/docker-default.json (origin and version in
+        /// seccomp/reference/README.md).
         #[arg(long)]
-        against: PathBuf,
+        against: Option<PathBuf>,
         #[arg(long)]
         profile: Option<PathBuf>,
     },
@@ -88,7 +91,10 @@ pub fn run(cmd: SeccompCmd) -> anyhow::Result<i32> {
         }
         SeccompCmd::Diff { against, profile } => {
             let (ours, _) = seccomp::load_profile(profile.as_deref())?;
-            let (theirs, _) = seccomp::load_profile(Some(&against))?;
+            let theirs = match &against {
+                Some(path) => seccomp::load_profile(Some(path))?.0,
+                None => seccomp::docker_reference()?,
+            };
             let d = diff::diff(&ours, &theirs)?;
             println!(
                 "# ours: {}\n# theirs: {} (as applied to a container with no capabilities, x86_64)",

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use crate::config::Limits;
 use crate::model::{
     validate_env, validate_name, validate_sandbox_id, validate_workdir, CreateRequest, Identity,
-    ResourceRequest, Resources, SandboxSpec, StorageMode, ValidationError, FIXED_ENV, MAX_NAME_LEN,
+    ResourceRequest, Resources, SandboxSpec, StorageMode, ValidationError, MAX_NAME_LEN,
 };
+use sandbox_abi::layout::GUEST;
 
 /// Validates `req` and builds the spec a backend receives.
 ///
@@ -42,7 +43,7 @@ pub fn build_spec(
             env.insert(k, v.unwrap_or_default());
         }
     }
-    for (k, v) in FIXED_ENV {
+    for (k, v) in GUEST.fixed_env() {
         env.insert(k.to_string(), v.to_string());
     }
     validate_env(&env)?;
@@ -152,7 +153,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.identity.storage, StorageMode::Ephemeral);
-        assert_eq!(s.env.len(), FIXED_ENV.len());
+        assert_eq!(s.env.len(), GUEST.fixed_env().len());
     }
 
     #[test]

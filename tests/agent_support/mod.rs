@@ -61,7 +61,9 @@ impl Agent {
         let port = free_port();
         let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
         let ready_w_raw = ready_w.as_raw_fd();
-        let agent_bin = env!("CARGO_BIN_EXE_sandbox-agent");
+        // The static agent is built by the root build script next to `sandboxd`.
+        let agent_bin =
+            std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")).with_file_name("sandbox-agent");
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);

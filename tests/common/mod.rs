@@ -26,6 +26,18 @@ pub fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|e| match e {}).boxed()
 }
 
+/// A binary of the workspace built next to `sandboxd` (`sandbox-init` by
+/// its own package, the static `sandbox-agent` by the root build script).
+pub fn sibling_bin(name: &str) -> std::path::PathBuf {
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")).with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace (cargo build)",
+        p.display()
+    );
+    p
+}
+
 pub struct Daemon {
     pub child: Child,
     pub addr: SocketAddr,

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::model::{Identity, StorageMode};
+use crate::model::Identity;
 
 /// `app` label of every object we make.
 pub const APP: &str = "sandboxd-sandbox";
@@ -23,11 +23,10 @@ pub const LABEL_APP: &str = "app";
 pub const LABEL_MANAGED_BY: &str = "managed-by";
 pub const LABEL_SANDBOX_ID: &str = "sandbox-id";
 
-pub const ANN_SANDBOX_ID: &str = "sandboxd.io/sandbox-id";
-pub const ANN_THREAD_ID: &str = "sandboxd.io/thread-id";
-pub const ANN_UID: &str = "sandboxd.io/uid";
-pub const ANN_WORKDIR: &str = "sandboxd.io/workdir-path";
-pub const ANN_STORAGE: &str = "sandboxd.io/storage";
+pub use sandbox_abi::labels::{
+    SANDBOX_ID as ANN_SANDBOX_ID, STORAGE as ANN_STORAGE, THREAD_ID as ANN_THREAD_ID,
+    UID as ANN_UID, WORKDIR as ANN_WORKDIR,
+};
 
 /// Hex digits of sha256(id) kept in object names.
 const HASH_HEX: usize = 10;
@@ -87,52 +86,17 @@ pub fn labels(id: &str) -> BTreeMap<String, String> {
     ])
 }
 
-fn storage_str(s: StorageMode) -> &'static str {
-    match s {
-        StorageMode::Persistent => "persistent",
-        StorageMode::Ephemeral => "ephemeral",
-    }
-}
-
-/// Annotations carrying the sandbox id and its identity.
+/// Annotations carrying the sandbox id and its identity (the shared codec).
 pub fn annotations(id: &str, identity: &Identity) -> BTreeMap<String, String> {
-    let mut a = BTreeMap::from([
-        (ANN_SANDBOX_ID.to_string(), id.to_string()),
-        (ANN_THREAD_ID.to_string(), identity.thread_id.clone()),
-        (ANN_UID.to_string(), identity.uid.clone()),
-        (
-            ANN_STORAGE.to_string(),
-            storage_str(identity.storage).to_string(),
-        ),
-    ]);
-    if let Some(w) = &identity.workdir_path {
-        a.insert(ANN_WORKDIR.to_string(), w.clone());
-    }
-    a
+    sandbox_abi::labels::annotations(id, None, identity)
 }
 
-/// Reads `(sandbox_id, identity)` back from annotations; `None` when any
-/// required one is missing or malformed (not one of ours, or tampered).
-pub fn identity_from_annotations(a: &BTreeMap<String, String>) -> Option<(String, Identity)> {
-    let storage = match a.get(ANN_STORAGE)?.as_str() {
-        "persistent" => StorageMode::Persistent,
-        "ephemeral" => StorageMode::Ephemeral,
-        _ => return None,
-    };
-    Some((
-        a.get(ANN_SANDBOX_ID)?.clone(),
-        Identity {
-            thread_id: a.get(ANN_THREAD_ID)?.clone(),
-            uid: a.get(ANN_UID)?.clone(),
-            workdir_path: a.get(ANN_WORKDIR).cloned(),
-            storage,
-        },
-    ))
-}
+pub use sandbox_abi::labels::identity_from_annotations;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::StorageMode;
 
     fn dns1123(s: &str) -> bool {
         !s.is_empty()

@@ -24,13 +24,13 @@ use super::prepare;
 use super::KubeError;
 use crate::config::Config;
 use crate::model::{SandboxSpec, StorageMode};
+use sandbox_abi::layout::{self, GUEST};
 
 /// The agent's health path (a plain 200 is enough for readiness).
 pub const HEALTH_PATH: &str = "/v1/sandbox";
 /// Name of the sandbox container in the Pod.
 pub const CONTAINER: &str = "sandbox";
 /// The sandbox user and group.
-const SANDBOX_UID: i64 = 1000;
 
 /// Which seccomp profile the Pod runs under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,25 +158,25 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
         empty_dir("tmp", c.tmp_size_mb),
     ];
     let mut mounts = vec![
-        mount("home", "/home/gem", None, false),
-        mount("tmp", "/tmp", None, false),
+        mount("home", GUEST.home, None, false),
+        mount("tmp", GUEST.tmp, None, false),
     ];
     match user_pvc {
         Some(claim) => {
             volumes.push(pvc("user-data", claim));
-            let sub = format!("shared/{}/workspace", ident.uid);
-            mounts.push(mount("user-data", "/home/gem/user-data", Some(sub), false));
+            let sub = layout::workspace_rel(&ident.uid).display().to_string();
+            mounts.push(mount("user-data", GUEST.user_data, Some(sub), false));
         }
         None => {
             // Ephemeral (or no PVC configured): scratch space only.
             volumes.push(empty_dir("user-data", c.home_size_mb));
-            mounts.push(mount("user-data", "/home/gem/user-data", None, false));
+            mounts.push(mount("user-data", GUEST.user_data, None, false));
         }
     }
     if let Some(claim) = skills_pvc {
         volumes.push(pvc("skills", claim));
-        let sub = format!("skill-projections/{}", ident.uid);
-        mounts.push(mount("skills", "/home/gem/skills", Some(sub), true));
+        let sub = layout::kube_skills_rel(&ident.uid).display().to_string();
+        mounts.push(mount("skills", GUEST.skills, Some(sub), true));
     }
     let init_containers = user_pvc.map(|_| {
         vec![prepare::init_container(
@@ -187,10 +187,7 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
         )]
     });
 
-    let working_dir = match &ident.workdir_path {
-        Some(w) => format!("/home/gem/user-data/{w}"),
-        None => "/home/gem".to_string(),
-    };
+    let working_dir = GUEST.cwd(ident.workdir_path.as_deref());
     let env = spec
         .env
         .iter()
@@ -247,8 +244,8 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
             ..Default::default()
         }),
         security_context: Some(SecurityContext {
-            run_as_user: Some(SANDBOX_UID),
-            run_as_group: Some(SANDBOX_UID),
+            run_as_user: Some(i64::from(GUEST.uid)),
+            run_as_group: Some(i64::from(GUEST.gid)),
             run_as_non_root: Some(true),
             allow_privilege_escalation: Some(false),
             privileged: Some(false),
@@ -277,10 +274,10 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
             restart_policy: Some("Never".into()),
             termination_grace_period_seconds: Some(10),
             security_context: Some(PodSecurityContext {
-                run_as_user: Some(SANDBOX_UID),
-                run_as_group: Some(SANDBOX_UID),
+                run_as_user: Some(i64::from(GUEST.uid)),
+                run_as_group: Some(i64::from(GUEST.gid)),
                 run_as_non_root: Some(true),
-                fs_group: Some(SANDBOX_UID),
+                fs_group: Some(i64::from(GUEST.gid)),
                 fs_group_change_policy: Some("OnRootMismatch".into()),
                 seccomp_profile: Some(seccomp_profile),
                 ..Default::default()

@@ -13,19 +13,10 @@ use oci_spec::runtime::{
 
 use crate::config::{Limits, NativeConfig};
 use crate::model::{Identity, SandboxSpec, StorageMode};
+use sandbox_abi::layout::{self, GUEST};
 
 /// The base spec every bundle starts from (overridable by config).
 pub const BASE_SPEC: &str = include_str!("../../../oci/base.json");
-
-/// Where the agent binary appears inside a sandbox.
-pub const AGENT_IN_SANDBOX: &str = "/.sandboxd/sandbox-agent";
-pub const USER_DATA_IN_SANDBOX: &str = "/home/gem/user-data";
-pub const SKILLS_IN_SANDBOX: &str = "/home/gem/skills";
-pub const HOME_IN_SANDBOX: &str = "/home/gem";
-
-/// Annotation keys recording the identity (for reviewers and reconciliation).
-pub const ANN_ID: &str = "org.sandboxd.sandbox-id";
-pub const ANN_GENERATION: &str = "org.sandboxd.generation";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
@@ -100,14 +91,11 @@ impl HostLayout {
     }
 
     pub fn workspace(&self, uid: &str) -> PathBuf {
-        self.user_data_root
-            .join("shared")
-            .join(uid)
-            .join("workspace")
+        self.user_data_root.join(layout::workspace_rel(uid))
     }
 
     pub fn skills(&self, uid: &str) -> PathBuf {
-        self.skills_root.join(uid)
+        self.skills_root.join(layout::native_skills_rel(uid))
     }
 }
 
@@ -163,7 +151,7 @@ pub fn build_spec(
         let dest = m.destination().to_string_lossy().to_string();
         let size = match dest.as_str() {
             "/tmp" => Some(host.limits.tmp_size_mb),
-            HOME_IN_SANDBOX => Some(host.limits.home_size_mb),
+            h if h == GUEST.home => Some(host.limits.home_size_mb),
             _ => None,
         };
         if let Some(mb) = size {
@@ -191,13 +179,13 @@ pub fn build_spec(
     match identity.storage {
         StorageMode::Persistent => {
             mounts.push(mount(
-                USER_DATA_IN_SANDBOX,
+                GUEST.user_data,
                 "bind",
                 &host.workspace(&identity.uid),
                 &["bind", "rw", "nosuid", "nodev"],
             )?);
             mounts.push(mount(
-                SKILLS_IN_SANDBOX,
+                GUEST.skills,
                 "bind",
                 &host.skills(&identity.uid),
                 &["bind", "ro", "nosuid", "nodev"],
@@ -206,7 +194,7 @@ pub fn build_spec(
         StorageMode::Ephemeral => {
             let size = format!("size={}m", host.limits.home_size_mb);
             mounts.push(mount(
-                USER_DATA_IN_SANDBOX,
+                GUEST.user_data,
                 "tmpfs",
                 Path::new("tmpfs"),
                 &["nosuid", "nodev", "mode=700", "uid=1000", "gid=1000", &size],
@@ -214,7 +202,7 @@ pub fn build_spec(
         }
     }
     mounts.push(mount(
-        AGENT_IN_SANDBOX,
+        GUEST.agent_path,
         "bind",
         &host.agent_path,
         &["bind", "ro", "nosuid", "nodev"],
@@ -227,7 +215,7 @@ pub fn build_spec(
         .clone()
         .ok_or(BundleError::Incomplete("process"))?;
     process.set_args(Some(vec![
-        AGENT_IN_SANDBOX.to_string(),
+        GUEST.agent_path.to_string(),
         "--listen".to_string(),
         format!("127.0.0.1:{}", host.container_port),
     ]));
@@ -239,8 +227,8 @@ pub fn build_spec(
     env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
     process.set_env(Some(env));
     let cwd = match &identity.workdir_path {
-        Some(w) => PathBuf::from(USER_DATA_IN_SANDBOX).join(w),
-        None => PathBuf::from(HOME_IN_SANDBOX),
+        Some(w) => PathBuf::from(GUEST.user_data).join(w),
+        None => PathBuf::from(GUEST.home),
     };
     process.set_cwd(cwd);
     out.set_process(Some(process));
@@ -282,21 +270,11 @@ pub fn build_spec(
     out.set_linux(Some(linux));
 
     let mut ann: HashMap<String, String> = base.annotations().clone().unwrap_or_default();
-    ann.insert(ANN_ID.into(), spec.sandbox_id.clone());
-    ann.insert(ANN_GENERATION.into(), generation.to_string());
-    ann.insert("org.sandboxd.uid".into(), identity.uid.clone());
-    ann.insert("org.sandboxd.thread-id".into(), identity.thread_id.clone());
-    ann.insert(
-        "org.sandboxd.storage".into(),
-        match identity.storage {
-            StorageMode::Persistent => "persistent",
-            StorageMode::Ephemeral => "ephemeral",
-        }
-        .into(),
-    );
-    if let Some(w) = &identity.workdir_path {
-        ann.insert("org.sandboxd.workdir-path".into(), w.clone());
-    }
+    ann.extend(sandbox_abi::labels::annotations(
+        &spec.sandbox_id,
+        Some(generation),
+        identity,
+    ));
     out.set_annotations(Some(ann));
     Ok(out)
 }
@@ -455,10 +433,10 @@ mod tests {
         )
         .unwrap();
         let d = dests(&s);
-        let ud = d.iter().position(|x| x == USER_DATA_IN_SANDBOX).unwrap();
-        let home = d.iter().position(|x| x == HOME_IN_SANDBOX).unwrap();
+        let ud = d.iter().position(|x| x == GUEST.user_data).unwrap();
+        let home = d.iter().position(|x| x == GUEST.home).unwrap();
         assert!(home < ud, "home tmpfs must come before user-data");
-        assert!(d.contains(&SKILLS_IN_SANDBOX.to_string()));
+        assert!(d.contains(&GUEST.skills.to_string()));
         let m = &s.mounts().as_ref().unwrap()[ud];
         assert_eq!(
             m.source().as_ref().unwrap(),
@@ -500,15 +478,12 @@ mod tests {
             None,
         )
         .unwrap();
-        assert!(!dests(&s).contains(&SKILLS_IN_SANDBOX.to_string()));
+        assert!(!dests(&s).contains(&GUEST.skills.to_string()));
         for m in s.mounts().as_ref().unwrap() {
             let src = m.source().as_ref().map(|p| p.to_string_lossy().to_string());
             assert!(!src.unwrap_or_default().starts_with("/data/"), "{m:?}");
         }
-        assert_eq!(
-            s.process().as_ref().unwrap().cwd(),
-            Path::new(HOME_IN_SANDBOX)
-        );
+        assert_eq!(s.process().as_ref().unwrap().cwd(), Path::new(GUEST.home));
     }
 
     #[test]

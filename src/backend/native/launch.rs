@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::init::report::{self, Report};
+use sandbox_abi::handoff::{
+    self as report, Report, BUNDLE_ARG, READY_FD, READY_FD_ARG, REPORT_FD, REPORT_FD_ARG,
+};
 
 /// fd numbers `sandbox-init` receives the channels on.
-pub const REPORT_FD: i32 = 3;
-pub const READY_FD: i32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -136,14 +136,14 @@ pub fn launch(
         })?;
     let (rw, yw) = (report_w.as_raw_fd(), ready_w.as_raw_fd());
     let mut cmd = Command::new(init);
-    cmd.arg("--bundle")
+    cmd.arg(BUNDLE_ARG)
         .arg(bundle)
-        .arg("--report-fd")
+        .arg(REPORT_FD_ARG)
         .arg(REPORT_FD.to_string())
-        .arg("--ready-fd")
+        .arg(READY_FD_ARG)
         .arg(READY_FD.to_string())
         .env_clear()
-        .envs(crate::failpoint::launcher_env())
+        .envs(sandbox_abi::failpoint::launcher_env())
         .stdin(Stdio::null())
         .stdout(logf.try_clone().map_err(LaunchError::Io)?)
         .stderr(logf);

@@ -21,15 +21,15 @@ use tracing::{info, warn};
 use super::{Backend, BackendError, Upstream};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
-use crate::failpoint;
 use crate::model::{
     new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
 };
+use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
 pub mod launch;
 pub mod netns;
-pub mod paths;
+pub use sandbox_abi::paths;
 pub mod proc;
 pub mod reconcile;
 pub mod state;
@@ -208,10 +208,10 @@ impl NativeBackend {
             let full = self.host.workspace(uid).join(w);
             paths::open_dir_nofollow(&full).map_err(|e| user_err("workdir_path", e))?;
         }
-        let rel = Path::new("shared").join(uid).join("workspace");
+        let rel = sandbox_abi::layout::workspace_rel(uid);
         paths::ensure_user_dirs(&self.host.user_data_root, &rel)
             .map_err(|e| user_err("user data root", e))?;
-        paths::ensure_user_dirs(&self.host.skills_root, Path::new(uid))
+        paths::ensure_user_dirs(&self.host.skills_root, &sandbox_abi::layout::native_skills_rel(uid))
             .map_err(|e| user_err("skills root", e))?;
         Ok(())
     }
@@ -250,7 +250,7 @@ impl NativeBackend {
                 warn!(sandbox_id = %id, pid = h.pid, "sandbox PID 1 did not exit after SIGKILL");
             }
         }
-        failpoint::hit("delete:after_kill");
+        failpoint::hit(Point::DeleteAfterKill);
         match self.cgroups.open(id) {
             Ok(Some(cg)) => {
                 // A PID 1 whose PID was never reported (launch timed out,
@@ -277,7 +277,7 @@ impl NativeBackend {
             Ok(None) => {}
             Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
         }
-        failpoint::hit("delete:after_cgroup");
+        failpoint::hit(Point::DeleteAfterCgroup);
         if let Err(e) = self.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
@@ -314,7 +314,7 @@ impl NativeBackend {
         if let Err(e) = self.state.save(&st) {
             return Err(fail(internal(e), None));
         }
-        failpoint::hit("create:after_state");
+        failpoint::hit(Point::CreateAfterState);
         let cgroup = match self.cgroups.create(&id, &spec.resources) {
             Ok(cg) => cg,
             Err(e) => return Err(fail(internal(e), None)),
@@ -323,12 +323,12 @@ impl NativeBackend {
         if let Err(e) = self.state.save(&st) {
             return Err(fail(internal(e), None));
         }
-        failpoint::hit("create:after_cgroup");
+        failpoint::hit(Point::CreateAfterCgroup);
         let bundle_dir = self.state.bundle_dir(&id);
         if let Err(e) = self.write_bundle_to(spec, &generation, &bundle_dir) {
             return Err(fail(e, None));
         }
-        failpoint::hit("create:after_bundle");
+        failpoint::hit(Point::CreateAfterBundle);
         let mut handle = None;
         let mut save_err = None;
         let r = launch::launch(
@@ -347,7 +347,7 @@ impl NativeBackend {
                     if let Err(e) = self.state.save(&st) {
                         save_err = Some(e);
                     }
-                    failpoint::hit("create:after_pid");
+                    failpoint::hit(Point::CreateAfterPid);
                 } else {
                     // It already exited: collect it, or it stays a zombie.
                     proc::reap_if_zombie(pid);
@@ -377,14 +377,14 @@ impl NativeBackend {
             Ok(fd) => Arc::new(fd),
             Err(e) => return Err(fail(internal(format!("open netns: {e}")), Some(&handle))),
         };
-        failpoint::hit("create:after_launch");
+        failpoint::hit(Point::CreateAfterLaunch);
         st.phase = Phase::Running;
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
         if let Err(e) = self.state.save(&st) {
             return Err(fail(internal(e), Some(&handle)));
         }
-        failpoint::hit("create:after_running");
+        failpoint::hit(Point::CreateAfterRunning);
         let record = record_of(&st, SandboxStatus::Running);
         self.track(Live {
             record: record.clone(),
@@ -409,7 +409,7 @@ impl NativeBackend {
                     st.phase = Phase::Deleting;
                     let _ = self.state.save(&st);
                 }
-                failpoint::hit("delete:after_state");
+                failpoint::hit(Point::DeleteAfterState);
                 self.destroy(id, Some(&l.handle));
                 info!(sandbox_id = %id, pid = l.handle.pid, "sandbox destroyed");
                 Ok(())

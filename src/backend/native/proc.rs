@@ -9,22 +9,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-/// The start time of `pid` (field 22 of `/proc/<pid>/stat`, clock ticks
-/// since boot), or None when it does not exist.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces and parentheses: split after
-    // the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// The state letter of `pid` (R, S, Z, ...).
-pub fn state(pid: i32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().next()?.chars().next()
-}
+pub use sandbox_abi::procfs::{parent, start_time, state};
 
 /// Reaps `pid` if it is an exited (zombie) child of ours: a sandbox PID 1
 /// that died before [`ProcHandle::open`] could take it (it is re-parented to
@@ -35,13 +20,6 @@ pub fn reap_if_zombie(pid: i32) {
     if state(pid) == Some('Z') {
         let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
     }
-}
-
-/// The parent PID of `pid`, or None when it does not exist.
-pub fn parent(pid: i32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A handle on a sandbox's PID 1 that survives PID reuse.

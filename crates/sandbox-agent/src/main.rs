@@ -1,0 +1,86 @@
+//! `sandbox-agent [--listen ADDR]`: parses arguments and runs
+//! [`sandbox_agent::serve`]. See `spec/agent-api.md`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use sandbox_agent::{self as agent, exec::ExecConfig, exec::READY_FD_ENV, AgentConfig};
+
+/// The in-sandbox agent: HTTP API on loopback, PID 1 of the sandbox.
+#[derive(Debug, Parser)]
+#[command(name = "sandbox-agent", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "SANDBOX_AGENT_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Longest a command without its own timeout may run (must be < 180).
+    #[arg(long, env = "SANDBOX_AGENT_EXEC_CAP_SECONDS", default_value_t = 170.0)]
+    exec_cap_seconds: f64,
+    /// Output kept per command when `truncate` is true.
+    #[arg(long, env = "SANDBOX_AGENT_OUTPUT_LIMIT_BYTES", default_value_t = 1024 * 1024)]
+    output_limit_bytes: usize,
+    /// Output kept per command when `truncate` is false (guards PID 1's memory).
+    #[arg(long, env = "SANDBOX_AGENT_OUTPUT_HARD_LIMIT_BYTES", default_value_t = 256 * 1024 * 1024)]
+    output_hard_limit_bytes: usize,
+    /// Seconds children get between SIGTERM and SIGKILL at shutdown.
+    #[arg(long, env = "SANDBOX_AGENT_TERM_GRACE_SECONDS", default_value_t = 3.0)]
+    term_grace_seconds: f64,
+}
+
+fn main() -> anyhow::Result<()> {
+    // Still single-threaded: take the readiness fd and remove the variable so
+    // no command ever sees it.
+    let ready_fd = match std::env::var(READY_FD_ENV) {
+        Ok(raw) => {
+            std::env::remove_var(READY_FD_ENV);
+            let fd = raw
+                .trim()
+                .parse()
+                .with_context(|| format!("{READY_FD_ENV} is not a number"))?;
+            Some(agent::adopt_ready_fd(fd)?)
+        }
+        Err(_) => None,
+    };
+    agent::seal_inherited_fds();
+    agent::reset_ignored_signals();
+    let args = Args::parse();
+    if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds < 180.0) {
+        bail!(
+            "exec cap must be in (0, 180) seconds, got {}",
+            args.exec_cap_seconds
+        );
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SANDBOX_AGENT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+
+    let term_grace = Duration::try_from_secs_f64(args.term_grace_seconds)
+        .context("the SIGTERM grace must be a non-negative number of seconds")?;
+    let config = AgentConfig {
+        listen: args.listen,
+        ready_fd,
+        exec: ExecConfig {
+            shell: agent::find_shell(),
+            cap: Duration::from_secs_f64(args.exec_cap_seconds),
+            output_limit: args.output_limit_bytes,
+            output_hard_limit: args.output_hard_limit_bytes.max(args.output_limit_bytes),
+        },
+        base: agent::path_base(),
+        term_grace,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    runtime.block_on(agent::serve(config))?;
+    Ok(())
+}

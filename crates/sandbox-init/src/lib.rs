@@ -1,0 +1,426 @@
+//! `sandbox-init`: the single-threaded launcher the daemon execs for every
+//! sandbox. It reads the bundle's `config.json` (the only description of
+//! the container), builds the sandbox in the order given in
+//! `docs/architecture.md`, and execs the payload (the agent) as PID 1 of a
+//! new PID namespace. It reports the container's host PID, or the step that
+//! failed, to the daemon over a CLOEXEC pipe ([`report`]).
+//!
+//! The daemon never forks: it execs this binary, which is single-threaded,
+//! so `fork` here is safe.
+
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+
+use nix::sched::CloneFlags;
+use nix::unistd::ForkResult;
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
+
+pub mod mounts;
+pub mod process;
+
+use sandbox_abi::failpoint::Point;
+use sandbox_abi::handoff::{
+    Report, Reporter, BUNDLE_ARG, READY_FD_ARG, READY_FD_ENV, REPORT_FD_ARG,
+};
+
+/// A failed step; the variant names the step reported to the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("cannot load {path}: {message}")]
+    LoadSpec { path: PathBuf, message: String },
+    #[error("spec: {0}")]
+    Spec(String),
+    #[error("{0}")]
+    Seccomp(String),
+    #[error("{0}")]
+    JoinCgroup(String),
+    #[error("unshare: {0}")]
+    Unshare(nix::Error),
+    #[error("fork: {0}")]
+    Fork(nix::Error),
+    #[error("make / private: {0}")]
+    MakePrivate(nix::Error),
+    #[error("{step} {path}: {message}")]
+    Mount {
+        step: &'static str,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("sethostname: {0}")]
+    Hostname(nix::Error),
+    #[error("{0}")]
+    Loopback(String),
+    #[error("{0}")]
+    Rlimit(String),
+    #[error("{0}")]
+    OomScoreAdj(String),
+    #[error("{0}")]
+    CloseFds(String),
+    #[error("{0}")]
+    SwitchUser(String),
+    #[error("{0}")]
+    DropCaps(String),
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(nix::Error),
+    #[error("chdir {path}: {source}")]
+    Chdir { path: PathBuf, source: nix::Error },
+    #[error("exec {path}: {source}")]
+    Exec { path: String, source: nix::Error },
+}
+
+impl InitError {
+    /// The step name reported to the daemon.
+    pub fn step(&self) -> &'static str {
+        match self {
+            InitError::LoadSpec { .. } | InitError::Spec(_) => "load_spec",
+            InitError::Seccomp(_) => "seccomp",
+            InitError::JoinCgroup(_) => "join_cgroup",
+            InitError::Unshare(_) => "unshare",
+            InitError::Fork(_) => "fork",
+            InitError::MakePrivate(_) => "make_private",
+            InitError::Mount { .. } => "mount",
+            InitError::Hostname(_) => "hostname",
+            InitError::Loopback(_) => "loopback",
+            InitError::Rlimit(_) => "rlimits",
+            InitError::OomScoreAdj(_) => "oom_score_adj",
+            InitError::CloseFds(_) => "close_fds",
+            InitError::SwitchUser(_) => "switch_user",
+            InitError::DropCaps(_) => "drop_caps",
+            InitError::NoNewPrivs(_) => "no_new_privs",
+            InitError::Chdir { .. } => "chdir",
+            InitError::Exec { .. } => "exec",
+        }
+    }
+}
+
+/// Command-line arguments of `sandbox-init`.
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub bundle: PathBuf,
+    pub report_fd: Option<RawFd>,
+    pub ready_fd: Option<RawFd>,
+}
+
+impl Args {
+    pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut bundle = None;
+        let mut report_fd = None;
+        let mut ready_fd = None;
+        while let Some(a) = it.next() {
+            let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+            match a.as_str() {
+                BUNDLE_ARG => bundle = Some(PathBuf::from(val(BUNDLE_ARG)?)),
+                REPORT_FD_ARG => {
+                    report_fd = Some(val(REPORT_FD_ARG)?.parse().map_err(|_| "bad --report-fd")?)
+                }
+                READY_FD_ARG => {
+                    ready_fd = Some(val(READY_FD_ARG)?.parse().map_err(|_| "bad --ready-fd")?)
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(Args {
+            bundle: bundle.ok_or("--bundle DIR is required")?,
+            report_fd,
+            ready_fd,
+        })
+    }
+}
+
+/// Entry point of the binary; returns the exit code on failure (success
+/// never returns: the process becomes the payload).
+pub fn main_with(args: Args) -> i32 {
+    // SAFETY: the daemon hands us this fd and nothing else in this
+    // process owns it.
+    let reporter = match args.report_fd {
+        Some(fd) => unsafe { Reporter::from_raw(fd) },
+        None => Reporter::none(),
+    };
+    match launch(&args, &reporter) {
+        Ok(never) => match never {},
+        Err(e) => {
+            reporter.send(&Report::Failed {
+                step: e.step().to_string(),
+                error: e.to_string(),
+            });
+            1
+        }
+    }
+}
+
+fn ns_flag(t: LinuxNamespaceType) -> Result<CloneFlags, InitError> {
+    Ok(match t {
+        LinuxNamespaceType::Mount => CloneFlags::CLONE_NEWNS,
+        LinuxNamespaceType::Pid => CloneFlags::CLONE_NEWPID,
+        LinuxNamespaceType::Network => CloneFlags::CLONE_NEWNET,
+        LinuxNamespaceType::Ipc => CloneFlags::CLONE_NEWIPC,
+        LinuxNamespaceType::Uts => CloneFlags::CLONE_NEWUTS,
+        LinuxNamespaceType::Cgroup => CloneFlags::CLONE_NEWCGROUP,
+        other => {
+            return Err(InitError::Spec(format!(
+                "namespace {other:?} is not supported by sandbox-init"
+            )))
+        }
+    })
+}
+
+fn cstring(s: &str) -> Result<CString, InitError> {
+    CString::new(s).map_err(|_| InitError::Spec(format!("{s:?} contains a NUL byte")))
+}
+
+/// The launch sequence, top to bottom. Each step says why it is where it is.
+fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, InitError> {
+    // 1. Load the spec: the bundle's config.json is the only description of
+    //    the container. Everything that can fail for a bad spec fails here,
+    //    before anything is created.
+    let cfg = args.bundle.join("config.json");
+    let spec = Spec::load(&cfg).map_err(|e| InitError::LoadSpec {
+        path: cfg.clone(),
+        message: e.to_string(),
+    })?;
+    let process = spec
+        .process()
+        .clone()
+        .ok_or_else(|| InitError::Spec("no process".into()))?;
+    let linux = spec
+        .linux()
+        .clone()
+        .ok_or_else(|| InitError::Spec("no linux section".into()))?;
+    let root = spec
+        .root()
+        .clone()
+        .ok_or_else(|| InitError::Spec("no root".into()))?;
+    let rootfs = if root.path().is_absolute() {
+        root.path().clone()
+    } else {
+        args.bundle.join(root.path())
+    };
+    let caps_wanted = process
+        .capabilities()
+        .as_ref()
+        .map(|c| {
+            [
+                c.bounding(),
+                c.effective(),
+                c.permitted(),
+                c.inheritable(),
+                c.ambient(),
+            ]
+            .iter()
+            .any(|s| s.as_ref().is_some_and(|s| !s.is_empty()))
+        })
+        .unwrap_or(false);
+    if caps_wanted {
+        return Err(InitError::Spec(
+            "sandbox-init grants no capabilities; the spec lists some".into(),
+        ));
+    }
+    let argv: Vec<CString> = process
+        .args()
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| cstring(a))
+        .collect::<Result<_, _>>()?;
+    if argv.is_empty() {
+        return Err(InitError::Spec("process.args is empty".into()));
+    }
+    // 2. Scrub the environment: the payload gets exactly the spec's env
+    //    (plus the ready fd), never anything inherited from the daemon.
+    let mut envp: Vec<CString> = process
+        .env()
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| cstring(e))
+        .collect::<Result<_, _>>()?;
+    if let Some(fd) = args.ready_fd {
+        envp.push(cstring(&format!("{READY_FD_ENV}={fd}"))?);
+    }
+    // 3. Compile the seccomp filter now, while allocation is cheap and a
+    //    bad profile can still fail before anything exists; it is
+    //    installed last, right before exec.
+    let filters = compile_seccomp(&cfg)?;
+    // Test-only crash injection (a no-op in release builds).
+    let mut failpoints = sandbox_abi::failpoint::InitPoints::from_env();
+
+    // 4. Join the sandbox's cgroup before any namespace or payload exists,
+    //    so every process of the sandbox is accounted and limited from its
+    //    first instruction (children inherit the cgroup).
+    join_cgroup(&spec)?;
+
+    // 5. New namespaces. The cgroup namespace comes after joining, so the
+    //    sandbox sees its own cgroup as the root. A new PID namespace only
+    //    applies to children, hence the fork below.
+    let mut flags = CloneFlags::empty();
+    for ns in linux.namespaces().clone().unwrap_or_default() {
+        if ns.path().is_some() {
+            return Err(InitError::Spec(
+                "joining existing namespaces is not supported".into(),
+            ));
+        }
+        flags |= ns_flag(ns.typ())?;
+    }
+    nix::sched::unshare(flags).map_err(InitError::Unshare)?;
+    failpoints.hit(Point::InitAfterNamespaces);
+
+    // 6. Fork: the child is PID 1 of the new PID namespace. The parent
+    //    reports the child's host PID and exits; the child is re-parented
+    //    to the daemon (a subreaper) or the host's init.
+    // SAFETY: this process is single-threaded, so the child may run
+    // arbitrary code after fork.
+    match unsafe { nix::unistd::fork() }.map_err(InitError::Fork)? {
+        ForkResult::Parent { child } => {
+            failpoints.before_pid_report();
+            reporter.send(&Report::Pid {
+                pid: child.as_raw(),
+            });
+            failpoints.after_pid_report();
+            std::process::exit(0);
+        }
+        ForkResult::Child => failpoints.after_fork_child(),
+    }
+
+    // 7. Make every mount private before touching anything, so no mount
+    //    made below propagates to the host.
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(InitError::MakePrivate)?;
+
+    // 8. The rootfs and the mount table, in the spec's order (tmpfs homes
+    //    before the binds inside them). Bind sources are opened without
+    //    following any symlink and mounted from the fd.
+    mounts::bind_rootfs(&rootfs)?;
+    for m in spec.mounts().clone().unwrap_or_default() {
+        mounts::apply(&rootfs, &m)?;
+    }
+    mounts::create_devices(&rootfs, &linux.devices().clone().unwrap_or_default())?;
+    failpoints.hit(Point::InitAfterMounts);
+
+    // 9. pivot_root into the rootfs and detach the host's root: from here
+    //    on no host path is reachable.
+    mounts::pivot(&rootfs)?;
+
+    // 10. Masked and read-only paths (inside the new root, over the new
+    //     /proc and /sys), then the root itself read-only.
+    for p in linux.masked_paths().clone().unwrap_or_default() {
+        mounts::mask(Path::new(&p))?;
+    }
+    for p in linux.readonly_paths().clone().unwrap_or_default() {
+        mounts::make_readonly(Path::new(&p))?;
+    }
+    if root.readonly() == Some(true) {
+        mounts::readonly_root()?;
+    }
+
+    // 11. Hostname (new UTS namespace) and loopback (new network
+    //     namespace: the agent listens on 127.0.0.1 there).
+    if let Some(h) = spec.hostname() {
+        nix::unistd::sethostname(h).map_err(InitError::Hostname)?;
+    }
+    if flags.contains(CloneFlags::CLONE_NEWNET) {
+        process::loopback_up()?;
+    }
+
+    // 12. Resource limits and umask, inherited by everything the payload
+    //     starts.
+    process::set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
+    let umask = process.user().umask().unwrap_or(0o077);
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
+
+    // 13. The OOM score (OCI `process.oomScoreAdj`, when a base spec sets
+    //     one; the shipped one does not, see docs/operations.md): when the sandbox hits its memory limit, the kernel's OOM
+    //     killer must pick the hog, not PID 1 (the agent; killing it ends
+    //     the whole sandbox). Lowering the score needs CAP_SYS_RESOURCE,
+    //     so this runs before privileges are dropped, and it runs after the
+    //     fork so only the container's processes carry it. The agent puts
+    //     every command it starts back to 0.
+    if let Some(score) = process.oom_score_adj() {
+        process::set_oom_score_adj(score)?;
+    }
+
+    // 14. Close every fd but stdio and the ready pipe at exec.
+    process::close_other_fds(args.ready_fd)?;
+
+    // 15. Drop privileges: the capability sets setuid does not clear
+    //     (needs CAP_SETPCAP, so still as root), then groups, gid, uid;
+    //     then verify that every set is empty.
+    process::drop_inheritable_caps()?;
+    process::switch_user(process.user())?;
+    process::verify_no_caps()?;
+
+    // 16. The working directory, entered as the sandbox user.
+    nix::unistd::chdir(process.cwd()).map_err(|source| InitError::Chdir {
+        path: process.cwd().clone(),
+        source,
+    })?;
+
+    // 17. no_new_privs: required for an unprivileged seccomp filter and
+    //     makes setuid binaries inert.
+    nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
+
+    // 18. seccomp, the very last step: from here on only exec runs.
+    if let Some(f) = &filters {
+        sandbox_seccomp::install(f).map_err(|e| InitError::Seccomp(e.to_string()))?;
+    }
+
+    // 19. exec the payload.
+    let path = argv[0].clone();
+    let e = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
+    Err(InitError::Exec {
+        path: path.to_string_lossy().to_string(),
+        source: e,
+    })
+}
+
+/// Moves this process into the cgroup named by `linux.cgroupsPath`
+/// (`/<parent>/<sandbox_id>`, created and limited by the daemon).
+fn join_cgroup(spec: &Spec) -> Result<(), InitError> {
+    let Some(path) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) else {
+        return Ok(());
+    };
+    let e = |m: String| InitError::JoinCgroup(format!("{}: {m}", path.display()));
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| e("no sandbox id in the path".into()))?;
+    let parent = path
+        .parent()
+        .map(|p| p.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let root = sandbox_cgroups::CgroupRoot::detect(&parent).map_err(|x| e(x.to_string()))?;
+    let cg = root
+        .open(id)
+        .map_err(|x| e(x.to_string()))?
+        .ok_or_else(|| e("the cgroup does not exist".into()))?;
+    cg.add_task(std::process::id() as i32)
+        .map_err(|x| e(x.to_string()))
+}
+
+/// Compiles the `linux.seccomp` section of `config.json` exactly as
+/// written there (the profile in OCI format, with its comments).
+fn compile_seccomp(cfg: &Path) -> Result<Option<sandbox_seccomp::CompiledFilters>, InitError> {
+    let text = std::fs::read_to_string(cfg).map_err(|e| InitError::LoadSpec {
+        path: cfg.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| InitError::LoadSpec {
+        path: cfg.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let Some(section) = v.get("linux").and_then(|l| l.get("seccomp")) else {
+        return Ok(None);
+    };
+    let origin = format!("{} (linux.seccomp)", cfg.display());
+    let profile = sandbox_seccomp::Profile::parse(&section.to_string(), &origin)
+        .map_err(|e| InitError::Seccomp(e.to_string()))?;
+    sandbox_seccomp::compile(&profile)
+        .map(Some)
+        .map_err(|e| InitError::Seccomp(e.to_string()))
+}
