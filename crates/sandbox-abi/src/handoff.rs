@@ -51,10 +51,9 @@ impl Reporter {
     /// # Safety
     /// `fd` must be an open file descriptor that nothing else owns.
     pub unsafe fn from_raw(fd: RawFd) -> Reporter {
-        // SAFETY: guaranteed by the caller.
-        Reporter {
-            fd: Some(unsafe { OwnedFd::from_raw_fd(fd) }),
-        }
+        // SAFETY: the caller guarantees `fd` is open and owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Reporter { fd: Some(fd) }
     }
 
     /// A reporter that discards everything (used when run by hand).

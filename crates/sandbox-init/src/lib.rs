@@ -131,9 +131,9 @@ impl Args {
 /// Entry point of the binary; returns the exit code on failure (success
 /// never returns: the process becomes the payload).
 pub fn main_with(args: Args) -> i32 {
-    // SAFETY: the daemon hands us this fd and nothing else in this
-    // process owns it.
     let reporter = match args.report_fd {
+        // SAFETY: the daemon hands us this fd and nothing else in this
+        // process owns it.
         Some(fd) => unsafe { Reporter::from_raw(fd) },
         None => Reporter::none(),
     };

@@ -30,7 +30,6 @@ use sandbox_abi::layout::{self, GUEST};
 pub const HEALTH_PATH: &str = "/v1/sandbox";
 /// Name of the sandbox container in the Pod.
 pub const CONTAINER: &str = "sandbox";
-/// The sandbox user and group.
 
 /// Which seccomp profile the Pod runs under.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -211,8 +211,11 @@ impl NativeBackend {
         let rel = sandbox_abi::layout::workspace_rel(uid);
         paths::ensure_user_dirs(&self.host.user_data_root, &rel)
             .map_err(|e| user_err("user data root", e))?;
-        paths::ensure_user_dirs(&self.host.skills_root, &sandbox_abi::layout::native_skills_rel(uid))
-            .map_err(|e| user_err("skills root", e))?;
+        paths::ensure_user_dirs(
+            &self.host.skills_root,
+            &sandbox_abi::layout::native_skills_rel(uid),
+        )
+        .map_err(|e| user_err("skills root", e))?;
         Ok(())
     }
 
