@@ -1,7 +1,7 @@
 //! The provisioner HTTP contract, end to end: the real `sandboxd` binary on
 //! an ephemeral port with the memory backend, real HTTP, a real upstream.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

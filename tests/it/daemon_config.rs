@@ -1,7 +1,7 @@
 //! Start-up behaviour of `sandboxd serve`: token rules, listen rules,
 //! Unix socket, config file.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;

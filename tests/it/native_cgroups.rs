@@ -9,7 +9,7 @@
 //! Every daemon gets its own cgroup parent (`NativeDirs::cgroup_parent`),
 //! so the checks below only ever look under it.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

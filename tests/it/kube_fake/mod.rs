@@ -5,7 +5,6 @@
 //! selectors on list, NodePort allocation; Pods become Ready only when the
 //! test says so (or automatically, when asked). It also serves the
 //! discovery documents `kubectl apply --dry-run=client` needs.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

@@ -8,7 +8,7 @@
 //! sandbox processes are found by cgroup (the test's own cgroup parent),
 //! not as children of the daemon.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::os::unix::process::ExitStatusExt;

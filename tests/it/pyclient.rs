@@ -1,6 +1,5 @@
 //! Shared by the tests that run the published Python client
 //! (`tests/py/agent_client_check.py`, `agent-sandbox==0.0.30`).
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Output;

@@ -9,9 +9,8 @@
 //! `${SANDBOXD_TEST_VENV:-<repo>/target/test-venv}`. Without the venv the
 //! test fails when `CI` is set and is skipped (loudly) otherwise.
 
-mod common;
-#[path = "pyclient/mod.rs"]
-mod pyclient;
+use crate::common;
+use crate::pyclient;
 
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! What a sandbox can and cannot do, checked from inside (privileged), and
 //! leak checks over many create/delete cycles.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

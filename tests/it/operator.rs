@@ -2,7 +2,7 @@
 //! `inspect` and `rm` against a running daemon, their token resolution
 //! (never creating a token), and the config file's `log_format`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};

@@ -5,8 +5,8 @@
 //! preconditions, label selectors, node ports); the tests drive Pod
 //! readiness.
 
-mod common;
-mod kube_fake;
+use crate::common;
+use crate::kube_fake;
 
 use std::time::{Duration, Instant};
 

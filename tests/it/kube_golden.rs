@@ -4,7 +4,7 @@
 //! pass `kubectl apply --dry-run=client --validate=false` (skipped loudly
 //! where kubectl is absent). Regenerate with `UPDATE_GOLDEN=1`.
 
-mod kube_fake;
+use crate::kube_fake;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! namespaces and mounts, the real agent, reached through the daemon's
 //! proxy. Each test skips loudly when not root.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
@@ -334,7 +334,7 @@ async fn a_failing_launch_step_is_reported_by_name_and_cleaned_up() {
     // A base spec whose mount table has a filesystem type no kernel knows:
     // sandbox-init fails at its mount step, after the fork.
     let mut base: serde_json::Value =
-        serde_json::from_str(include_str!("../oci/base.json")).unwrap();
+        serde_json::from_str(include_str!("../../oci/base.json")).unwrap();
     base["mounts"].as_array_mut().unwrap().push(json!({
         "destination": "/mnt/bogus", "type": "nosuchfs", "source": "none", "options": []
     }));

@@ -10,8 +10,7 @@
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
-#[path = "common/probe.rs"]
-mod probe;
+use crate::common::probe;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -1,6 +1,5 @@
 //! A small real HTTP upstream for proxy tests (stands in for a sandbox's
 //! server behind the memory backend).
-#![allow(dead_code)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -3,7 +3,6 @@
 //! report. Shared by `tests/seccomp_probe.rs` (under `sandboxd seccomp run`)
 //! and `tests/native_seccomp.rs` (inside a real sandbox), so both hold the
 //! probe to the same exact-errno expectations.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

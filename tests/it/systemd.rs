@@ -3,7 +3,7 @@
 //! reconciliation and once the API answers, `WATCHDOG=1`, `STOPPING=1`);
 //! socket activation on fds the test passes itself.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -1,6 +1,5 @@
 //! Shared test harness: starts the real `sandboxd` binary on an ephemeral
 //! port and talks HTTP to it; a tiny in-process upstream server.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -6,8 +6,7 @@
 //! - `files`: read/write/list/find/edit, error envelopes, upload/download;
 //! - `pid1`: the agent as PID 1 of a new pid namespace (skips without one).
 
-#[path = "../agent_support/mod.rs"]
-mod agent_support;
+use crate::agent_support;
 mod exec;
 mod files;
 mod pid1;

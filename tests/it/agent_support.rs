@@ -1,13 +1,12 @@
 //! Shared by the agent integration tests: start the real `sandbox-agent`
 //! binary on a free loopback port, wait for its readiness byte, and speak
 //! raw HTTP/1.1 to it.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -294,8 +293,4 @@ pub fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-pub fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap()
 }

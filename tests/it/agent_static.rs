@@ -3,7 +3,7 @@
 //! but the binary (no `/lib`, no `/usr`, no `/proc`) and asking it
 //! `GET /v1/sandbox`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -61,7 +61,11 @@ fn the_agent_answers_from_a_root_that_holds_only_itself() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
-    std::fs::copy(sibling_bin("sandbox-agent"), root.path().join("sandbox-agent")).unwrap();
+    std::fs::copy(
+        sibling_bin("sandbox-agent"),
+        root.path().join("sandbox-agent"),
+    )
+    .unwrap();
     let entries: Vec<_> = std::fs::read_dir(root.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -104,7 +108,10 @@ fn the_agent_answers_from_a_root_that_holds_only_itself() {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("the chrooted agent exited: {status}");
         }
-        assert!(Instant::now() < deadline, "the chrooted agent never listened");
+        assert!(
+            Instant::now() < deadline,
+            "the chrooted agent never listened"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let _ = child.kill();

@@ -7,10 +7,8 @@
 //! `${SANDBOXD_TEST_VENV:-<repo>/target/test-venv}`. Without it the test
 //! fails when `CI` is set and is skipped (loudly) otherwise.
 
-#[path = "agent_support/mod.rs"]
-mod agent_support;
-#[path = "pyclient/mod.rs"]
-mod pyclient;
+use crate::agent_support;
+use crate::pyclient;
 
 use std::process::Command;
 

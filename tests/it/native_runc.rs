@@ -11,7 +11,7 @@
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;

@@ -1,0 +1,41 @@
+//! All integration tests, in one binary (one link instead of twenty; the
+//! shared helpers are used, so none needs `allow(dead_code)`).
+//!
+//! Modules by subject: the daemon and its CLI over the memory backend
+//! (`api`, `daemon_config`, `operator`, `systemd`), the Kubernetes backend
+//! against a fake API server (`kube_backend`, `kube_golden`), the agent on its
+//! own (`agent_http`, `agent_client`, `agent_static`), native sandboxes with
+//! real processes (`native*`, `cgroups_real`), and seccomp evidence
+//! (`seccomp_*`). Privileged tests need root and say loudly when they skip
+//! (under `CI=true` they fail instead).
+//!
+//! Run one subject with `cargo test --test it native_` (a name filter).
+
+// Shared helpers.
+mod agent_support;
+mod common;
+mod kube_fake;
+mod pyclient;
+
+// Tests.
+mod agent_client;
+mod agent_http;
+mod agent_static;
+mod api;
+mod cgroups_real;
+mod daemon_config;
+mod kube_backend;
+mod kube_golden;
+mod native;
+mod native_cgroups;
+mod native_client;
+mod native_durability;
+mod native_isolation;
+mod native_runc;
+mod native_seccomp;
+mod operator;
+mod seccomp_cli;
+mod seccomp_probe;
+mod seccomp_runc;
+mod seccomp_workloads;
+mod systemd;
