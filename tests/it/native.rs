@@ -366,3 +366,56 @@ async fn a_failing_launch_step_is_reported_by_name_and_cleaned_up() {
     let (_, list) = d.json("GET", "/api/sandboxes", None).await;
     assert_eq!(list["count"], 0);
 }
+
+/// The workdir is checked by the daemon, then entered by the launcher; a
+/// sandbox user who swaps it for a symlink in between (held here by a
+/// pausing failpoint after the bundle is written) makes the create fail at
+/// the launcher's `chdir` step, which resolves the path inside the new root
+/// with no symlink allowed, and nothing is left behind.
+#[tokio::test]
+async fn a_workdir_swapped_for_a_symlink_after_the_check_is_never_entered() {
+    if !privileged("a_workdir_swapped_for_a_symlink_after_the_check_is_never_entered") {
+        return;
+    }
+    if !sandboxd::failpoint::ENABLED {
+        panic!("failpoints are compiled only with the failpoints feature (cargo test enables it)");
+    }
+    let dirs = NativeDirs::new();
+    let pause = tempfile::tempdir().unwrap();
+    let resume = pause.path().join("resume");
+    let resume_s = resume.to_string_lossy().to_string();
+    let d = Daemon::start_native(
+        &dirs,
+        &[
+            ("SANDBOXD_FAILPOINT", "create:after_bundle"),
+            ("SANDBOXD_FAILPOINT_PAUSE", resume_s.as_str()),
+        ],
+    );
+    let proj = dirs.workspace("u1").join("proj");
+    mkdir_user(&proj);
+    let create = d.create(body("swap", "t", "u1", Some("proj")));
+    let swap = async {
+        let paused = pause.path().join("resume.paused");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !paused.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the create never paused"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // Checked and bundled: now the project becomes a symlink to /tmp
+        // (a directory the sandbox user may enter).
+        std::fs::rename(&proj, proj.with_extension("old")).unwrap();
+        symlink("/tmp", &proj).unwrap();
+        std::fs::write(&resume, "").unwrap();
+    };
+    let ((s, v), ()) = tokio::join!(create, swap);
+    assert_ne!(s, 200, "the create went through a swapped workdir: {v}");
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("chdir"), "{v}");
+    assert!(detail.contains("symlink"), "{v}");
+    let (s, _) = d.json("GET", "/api/sandboxes/swap", None).await;
+    assert_eq!(s, 404);
+    assert_eq!(children_of(d.pid()), 0, "a sandbox process was left behind");
+}

@@ -23,6 +23,13 @@
 
 /// The variable naming the armed failpoint.
 pub const ENV: &str = "SANDBOXD_FAILPOINT";
+/// When set to a path, a daemon-side point *pauses* instead of killing: it
+/// creates `<path>.paused`, then waits (at most [`PAUSE_LIMIT`]) until
+/// `<path>` exists, and goes on. Tests use it to act while a create is held
+/// at a known step.
+pub const PAUSE_ENV: &str = "SANDBOXD_FAILPOINT_PAUSE";
+/// The longest a paused point waits for its resume file.
+pub const PAUSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// The daemon's PID, handed to `sandbox-init` with a launcher-side point.
 pub const DAEMON_PID_ENV: &str = "SANDBOXD_FAILPOINT_DAEMON_PID";
 
@@ -129,12 +136,33 @@ fn die(point: Point) -> ! {
     std::process::abort()
 }
 
-/// Daemon side: dies right here when `point` is the armed point.
+/// Waits until the resume file exists (see [`PAUSE_ENV`]).
+#[cfg(feature = "failpoints")]
+fn pause(point: Point, resume: &std::path::Path) {
+    eprintln!(
+        "failpoint {}: paused until {} exists",
+        point.name(),
+        resume.display()
+    );
+    let mut marker = resume.as_os_str().to_owned();
+    marker.push(".paused");
+    let _ = std::fs::write(&marker, point.name());
+    let deadline = std::time::Instant::now() + PAUSE_LIMIT;
+    while !resume.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Daemon side: dies (or pauses, see [`PAUSE_ENV`]) right here when
+/// `point` is the armed point. Called from blocking threads only.
 #[inline]
 pub fn hit(point: Point) {
     #[cfg(feature = "failpoints")]
     if armed() == Some(point) {
-        die(point);
+        match std::env::var_os(PAUSE_ENV) {
+            Some(resume) => pause(point, std::path::Path::new(&resume)),
+            None => die(point),
+        }
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = point;

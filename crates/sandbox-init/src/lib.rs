@@ -63,8 +63,11 @@ pub enum InitError {
     DropCaps(String),
     #[error("no_new_privs: {0}")]
     NoNewPrivs(nix::Error),
-    #[error("chdir {path}: {source}")]
-    Chdir { path: PathBuf, source: nix::Error },
+    #[error("chdir {path}: {}", chdir_reason(*.source))]
+    Chdir {
+        path: PathBuf,
+        source: rustix::io::Errno,
+    },
     #[error("exec {path}: {source}")]
     Exec { path: String, source: nix::Error },
 }
@@ -355,11 +358,12 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     process::switch_user(process.user())?;
     process::verify_no_caps()?;
 
-    // 16. The working directory, entered as the sandbox user.
-    nix::unistd::chdir(process.cwd()).map_err(|source| InitError::Chdir {
-        path: process.cwd().clone(),
-        source,
-    })?;
+    // 16. The working directory, entered as the sandbox user and resolved
+    //     inside the new root without following any symlink (openat2
+    //     RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS, then fchdir): the workdir
+    //     lies in a tree the sandbox's users can write, so one swapped for a
+    //     symlink after the daemon checked it fails here, never followed.
+    enter_workdir(process.cwd())?;
 
     // 17. no_new_privs: required for an unprivileged seccomp filter and
     //     makes setuid binaries inert.
@@ -377,6 +381,38 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         path: path.to_string_lossy().to_string(),
         source: e,
     })
+}
+
+/// `chdir` to `cwd` without following a symlink in any component.
+fn enter_workdir(cwd: &Path) -> Result<(), InitError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let err = |source| InitError::Chdir {
+        path: cwd.to_path_buf(),
+        source,
+    };
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let root = rustix::fs::open("/", flags, Mode::empty()).map_err(err)?;
+    let dir = rustix::fs::openat2(
+        &root,
+        cwd,
+        flags,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(err)?;
+    rustix::process::fchdir(&dir).map_err(err)
+}
+
+/// The reason a working directory could not be entered, in plain words.
+fn chdir_reason(e: rustix::io::Errno) -> String {
+    match e {
+        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
+            "is or passes through a symlink".to_string()
+        }
+        rustix::io::Errno::NOENT => "does not exist".to_string(),
+        rustix::io::Errno::NOTDIR => "is not a directory".to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// Moves this process into the cgroup named by `linux.cgroupsPath`
