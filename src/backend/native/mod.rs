@@ -376,7 +376,7 @@ impl NativeBackend {
                 None,
             ));
         };
-        let netns = match netns::open_netns(pid) {
+        let netns = match handle.open_netns() {
             Ok(fd) => Arc::new(fd),
             Err(e) => return Err(fail(internal(format!("open netns: {e}")), Some(&handle))),
         };

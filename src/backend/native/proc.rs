@@ -93,6 +93,29 @@ impl ProcHandle {
         self.pidfd.as_fd()
     }
 
+    /// The network namespace of exactly this process, never of a process
+    /// that took over its PID: through the pidfd (`PIDFD_GET_NET_NAMESPACE`,
+    /// Linux 6.11) where the kernel has it; otherwise `/proc/<pid>/ns/net`,
+    /// accepted only if the pidfd still reports the process alive *after*
+    /// the open (so the namespace was opened while the PID was still ours)
+    /// and the start time still matches.
+    pub fn open_netns(&self) -> std::io::Result<OwnedFd> {
+        match pidfd_net_namespace(self.pidfd.as_fd()) {
+            Ok(fd) => return Ok(fd),
+            // Older kernels (ENOTTY/EINVAL): fall back to /proc below.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {}
+            Err(e) => return Err(e),
+        }
+        let ns: OwnedFd = std::fs::File::open(format!("/proc/{}/ns/net", self.pid))?.into();
+        if self.exited() || start_time(self.pid) != Some(self.start_time) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("process {} exited while its namespace was opened", self.pid),
+            ));
+        }
+        Ok(ns)
+    }
+
     /// SIGKILLs the sandbox's PID 1 (which takes its whole PID namespace
     /// down) through the pidfd, so a recycled PID is never signalled.
     pub fn kill(&self) {
@@ -102,6 +125,22 @@ impl ProcHandle {
             let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
         }
     }
+}
+
+/// `ioctl(pidfd, PIDFD_GET_NET_NAMESPACE)`: an fd of the network namespace
+/// of the process the pidfd refers to (ESRCH once it has exited).
+fn pidfd_net_namespace(pidfd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    /// `_IO(PIDFS_IOCTL_MAGIC = 0xFF, 4)` from `<linux/pidfd.h>`.
+    const PIDFD_GET_NET_NAMESPACE: libc::c_ulong = 0xFF04;
+    // SAFETY: this ioctl takes no argument and returns a new fd or -1; the
+    // pidfd is borrowed for the duration of the call.
+    let fd = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_NET_NAMESPACE) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]
@@ -127,5 +166,116 @@ mod tests {
         h.kill();
         let _ = child.wait();
         assert!(h.wait_exit(Duration::from_secs(5)));
+    }
+
+    fn netns_inode(fd: &OwnedFd) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(fd)
+        ))
+        .unwrap()
+        .ino()
+    }
+
+    /// Starts `/bin/sleep 30` with exactly `pid` (clone3 with `set_tid`,
+    /// root only) in the daemon's own network namespace.
+    fn spawn_with_pid(pid: i32) -> std::io::Result<i32> {
+        #[repr(C)]
+        #[derive(Default)]
+        struct CloneArgs {
+            flags: u64,
+            pidfd: u64,
+            child_tid: u64,
+            parent_tid: u64,
+            exit_signal: u64,
+            stack: u64,
+            stack_size: u64,
+            tls: u64,
+            set_tid: u64,
+            set_tid_size: u64,
+            cgroup: u64,
+        }
+        let tids = [pid as libc::pid_t];
+        let args = CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            set_tid: tids.as_ptr() as u64,
+            set_tid_size: 1,
+            ..Default::default()
+        };
+        let path = c"/bin/sleep";
+        let argv = [c"sleep".as_ptr(), c"30".as_ptr(), std::ptr::null()];
+        let envp = [std::ptr::null()];
+        // SAFETY: clone3 forks this (multi-threaded) process; the child only
+        // calls execve and _exit, both async-signal-safe, on memory that was
+        // prepared before the clone.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if r == 0 {
+            // SAFETY: see above; in the child, exec or exit at once.
+            unsafe {
+                libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                libc::_exit(127);
+            }
+        }
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(r as i32)
+    }
+
+    /// Hardening: a handle whose process died and whose PID was taken by
+    /// another process (in another network namespace) never yields that
+    /// process's namespace; opening by PID would.
+    #[test]
+    fn a_recycled_pid_never_yields_a_foreign_netns() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+            eprintln!(
+                "\n*** SKIPPED a_recycled_pid_never_yields_a_foreign_netns: needs root ***\n"
+            );
+            return;
+        }
+        // The original: PID 1 of a sandbox, in a network namespace of its own.
+        let mut first = std::process::Command::new("unshare")
+            .args(["--net", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        let pid = first.id() as i32;
+        let own = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/net")).ok();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while own(pid) == own(std::process::id() as i32) {
+            assert!(
+                Instant::now() < deadline,
+                "unshare never entered a new netns"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let h = ProcHandle::open(pid, None).unwrap();
+        let sandbox_ns = netns_inode(&h.open_netns().unwrap());
+        // It dies and its PID is taken by a process in our namespace.
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let second = spawn_with_pid(pid).expect("clone3 with set_tid (root)");
+        assert_eq!(second, pid);
+        let host_ns: OwnedFd = std::fs::File::open("/proc/self/ns/net").unwrap().into();
+        // By PID, the foreign (host) namespace comes back...
+        let by_pid: OwnedFd = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+            .unwrap()
+            .into();
+        assert_eq!(netns_inode(&by_pid), netns_inode(&host_ns));
+        assert_ne!(netns_inode(&by_pid), sandbox_ns);
+        // ...through the handle, nothing does.
+        assert!(
+            h.open_netns().is_err(),
+            "the handle yielded a recycled PID's netns"
+        );
+        let _ = kill(Pid::from_raw(second), Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(second), None);
     }
 }

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use super::proc::ProcHandle;
 use super::state::Phase;
-use super::{netns, record_of, Live, NativeBackend};
+use super::{record_of, Live, NativeBackend};
 use crate::model::SandboxStatus;
 
 impl NativeBackend {
@@ -39,7 +39,7 @@ impl NativeBackend {
                 _ => None,
             };
             match (st.phase, handle) {
-                (Phase::Running, Some(h)) => match netns::open_netns(h.pid) {
+                (Phase::Running, Some(h)) => match h.open_netns() {
                     Ok(ns) => {
                         info!(sandbox_id = %id, generation = %st.generation, pid = h.pid, "adopted running sandbox");
                         // Watched like our own: it is no longer our child,
