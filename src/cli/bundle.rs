@@ -86,7 +86,8 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
         Some(&cgroup_path),
         Some(&seccomp.oci),
     )?;
-    bundle::write_bundle(&out, &oci, Some(&seccomp.verbatim))?;
+    let env = bundle::command_env(&base, &spec);
+    bundle::write_bundle(&out, &oci, &env, Some(&seccomp.verbatim))?;
     println!("{}", out.join("config.json").display());
     Ok(())
 }

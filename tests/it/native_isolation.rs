@@ -242,3 +242,67 @@ async fn fifty_create_delete_cycles_leak_nothing() {
     assert_eq!(after, before, "something leaked");
     assert_eq!(before.agents, 0);
 }
+
+/// Hardening: PID 1 cannot be taken over from inside. The request's env
+/// reaches commands but not the agent (an `LD_PRELOAD` of workspace code, or
+/// `SANDBOX_AGENT_*` variables that would reconfigure it), and the agent is
+/// not dumpable, so a sandbox process of the same uid can neither open
+/// `/proc/1/mem` for writing nor read `/proc/1/environ`.
+#[tokio::test]
+async fn pid_1_cannot_be_taken_over_from_inside() {
+    if !privileged("pid_1_cannot_be_taken_over_from_inside") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let (s, v) = d
+        .create(json!({
+            "sandbox_id": "takeover", "thread_id": "t", "uid": "u1",
+            "env": {
+                "LD_PRELOAD": "/home/gem/user-data/evil.so",
+                "SANDBOX_AGENT_LISTEN": "0.0.0.0:9999",
+                "SANDBOX_AGENT_EXEC_CAP_SECONDS": "0.5",
+                "MARKER": "m1"
+            }
+        }))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // Commands get the request's env...
+    // (bash's loader says it cannot preload the missing library: the
+    // variable did reach it)
+    let (out, _) = d.exec("takeover", "echo \"$MARKER $LD_PRELOAD\"").await;
+    assert!(out.ends_with("m1 /home/gem/user-data/evil.so\n"), "{out}");
+    // ...PID 1 does not (read from the host, as root).
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(d.state_dir.path().join("sandboxes/takeover/state.json")).unwrap(),
+    )
+    .unwrap();
+    let pid = state["pid"].as_i64().unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    for var in [
+        "LD_PRELOAD",
+        "SANDBOX_AGENT_LISTEN",
+        "SANDBOX_AGENT_EXEC_CAP",
+        "MARKER",
+    ] {
+        assert!(
+            !environ.contains(var),
+            "PID 1 has {var} in its env: {environ:?}"
+        );
+    }
+    assert!(environ.contains("HOME=/home/gem"), "{environ:?}");
+    // The agent still listens where the daemon put it, with its own cap: a
+    // 1 s command is not cut at 0.5 s.
+    let (out, code) = d.exec("takeover", "sleep 1; echo done").await;
+    assert!(out.ends_with("done\n") && code == 0, "{out} {code}");
+    // Not dumpable: /proc/1/mem and /proc/1/environ are out of reach.
+    let (out, _) = d
+        .exec(
+            "takeover",
+            "(exec 3<>/proc/1/mem) 2>/dev/null && echo mem-writable || echo mem-denied; \
+             cat /proc/1/environ >/dev/null 2>&1 && echo environ-readable || echo environ-denied",
+        )
+        .await;
+    assert!(out.ends_with("mem-denied\nenviron-denied\n"), "{out}");
+}

@@ -25,6 +25,9 @@ pub struct GuestLayout {
     pub agent_path: &'static str,
     /// The agent's default port (the configured `container_port` wins).
     pub agent_port: u16,
+    /// Where the native backend binds the command environment file the
+    /// agent reads at start (`--command-env`).
+    pub command_env_path: &'static str,
 }
 
 /// The one layout every sandbox has.
@@ -38,6 +41,7 @@ pub const GUEST: GuestLayout = GuestLayout {
     user_name: "gem",
     agent_path: "/.sandboxd/sandbox-agent",
     agent_port: 8080,
+    command_env_path: "/.sandboxd/command-env",
 };
 
 impl GuestLayout {

@@ -68,6 +68,35 @@ pub struct ExecConfig {
     pub output_limit: usize,
     /// Output kept when `truncate` is false (protects PID 1 from OOM).
     pub output_hard_limit: usize,
+    /// The environment of every command, when the agent was given one
+    /// (`--command-env`): then the agent's own environment, which is fixed
+    /// by whoever started it, never reaches commands and the request's
+    /// environment never reaches the agent. `None`: commands inherit the
+    /// agent's environment.
+    pub command_env: Option<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
+}
+
+/// Reads a command environment file: `KEY=VALUE` entries, each ended by a
+/// NUL byte (values may hold newlines). Entries without `=` are an error.
+pub fn read_command_env(
+    path: &std::path::Path,
+) -> std::io::Result<Vec<(std::ffi::OsString, std::ffi::OsString)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = std::fs::read(path)?;
+    let mut out = Vec::new();
+    for entry in bytes.split(|b| *b == 0).filter(|e| !e.is_empty()) {
+        let eq = entry.iter().position(|b| *b == b'=').ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: an entry has no '='", path.display()),
+            )
+        })?;
+        out.push((
+            std::ffi::OsStr::from_bytes(&entry[..eq]).to_owned(),
+            std::ffi::OsStr::from_bytes(&entry[eq + 1..]).to_owned(),
+        ));
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Deserialize)]
@@ -245,6 +274,9 @@ impl Exec {
             .stderr(Stdio::from(write_dup))
             .env_remove(READY_FD_ENV)
             .process_group(0);
+        if let Some(env) = &self.config.command_env {
+            cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+        }
         let score = command_oom_score();
         // SAFETY: the hook only calls open/write/close (async-signal-safe)
         // on a static path and a copied buffer, and allocates nothing.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use sandbox_agent::{self as agent, exec::ExecConfig, exec::READY_FD_ENV, AgentConfig};
+use sandbox_agent::{self as agent, exec, exec::ExecConfig, exec::READY_FD_ENV, AgentConfig};
 
 /// The in-sandbox agent: HTTP API on loopback, PID 1 of the sandbox.
 #[derive(Debug, Parser)]
@@ -27,9 +27,19 @@ struct Args {
     /// Seconds children get between SIGTERM and SIGKILL at shutdown.
     #[arg(long, env = "SANDBOX_AGENT_TERM_GRACE_SECONDS", default_value_t = 3.0)]
     term_grace_seconds: f64,
+    /// The environment of every command: a file of NUL-terminated
+    /// `KEY=VALUE` entries (the native backend binds it in). Without it,
+    /// commands inherit the agent's environment.
+    #[arg(long)]
+    command_env: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
+    // First of all: not dumpable, so no process of the sandbox (same uid)
+    // can ptrace PID 1, read or write its memory through /proc/1/mem, or
+    // read /proc/1/environ: those files become root's. Commands are
+    // dumpable again after their exec.
+    nix::sys::prctl::set_dumpable(false).context("PR_SET_DUMPABLE")?;
     // Still single-threaded: take the readiness fd and remove the variable so
     // no command ever sees it.
     let ready_fd = match std::env::var(READY_FD_ENV) {
@@ -72,6 +82,12 @@ fn main() -> anyhow::Result<()> {
             cap: Duration::from_secs_f64(args.exec_cap_seconds),
             output_limit: args.output_limit_bytes,
             output_hard_limit: args.output_hard_limit_bytes.max(args.output_limit_bytes),
+            command_env: args
+                .command_env
+                .as_deref()
+                .map(exec::read_command_env)
+                .transpose()
+                .context("reading the command environment")?,
         },
         base: agent::path_base(),
         term_grace,

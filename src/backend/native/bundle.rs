@@ -4,7 +4,7 @@
 //! files). `sandbox-init` reads this file and nothing else; `runc` can run
 //! it too.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
@@ -207,9 +207,21 @@ pub fn build_spec(
         &host.agent_path,
         &["bind", "ro", "nosuid", "nodev"],
     )?);
+    // The command environment file, bound read-only where the agent reads
+    // it at start.
+    mounts.push(mount(
+        GUEST.command_env_path,
+        "bind",
+        &files_dir.join(COMMAND_ENV_FILE),
+        &["bind", "ro", "nosuid", "nodev", "noexec"],
+    )?);
+
     out.set_mounts(Some(mounts));
 
-    // Process: the agent as PID 1, the merged env, the workdir as cwd.
+    // Process: the agent as PID 1 with a fixed environment (the base
+    // spec's plus the sandbox user's identity, never the request's: that
+    // one reaches commands only, through the command environment file), the
+    // workdir as cwd.
     let mut process = base
         .process()
         .clone()
@@ -218,14 +230,15 @@ pub fn build_spec(
         GUEST.agent_path.to_string(),
         "--listen".to_string(),
         format!("127.0.0.1:{}", host.container_port),
+        "--command-env".to_string(),
+        GUEST.command_env_path.to_string(),
     ]));
-    let mut env: Vec<String> = process.env().clone().unwrap_or_default();
-    env.retain(|kv| {
-        let k = kv.split('=').next().unwrap_or("");
-        !spec.env.contains_key(k)
-    });
-    env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
-    process.set_env(Some(env));
+    let fixed: BTreeMap<String, String> = GUEST
+        .fixed_env()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    process.set_env(Some(overlay_env(process.env().as_deref(), &fixed)));
     let cwd = match &identity.workdir_path {
         Some(w) => PathBuf::from(GUEST.user_data).join(w),
         None => PathBuf::from(GUEST.home),
@@ -303,6 +316,26 @@ pub fn generated_files(hostname: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The file in `files/` holding the command environment.
+pub const COMMAND_ENV_FILE: &str = "command-env";
+
+/// `base` (`KEY=VALUE` entries) with every variable of `over` replacing
+/// one of the same name.
+fn overlay_env(base: Option<&[String]>, over: &BTreeMap<String, String>) -> Vec<String> {
+    let mut env: Vec<String> = base.unwrap_or_default().to_vec();
+    env.retain(|kv| !over.contains_key(kv.split('=').next().unwrap_or("")));
+    env.extend(over.iter().map(|(k, v)| format!("{k}={v}")));
+    env
+}
+
+/// The environment of every command of the sandbox: the base spec's
+/// `process.env` with the sandbox's merged env (fixed, node-global and
+/// request variables) over it.
+pub fn command_env(base: &Spec, spec: &SandboxSpec) -> Vec<String> {
+    let base_env = base.process().as_ref().and_then(|p| p.env().clone());
+    overlay_env(base_env.as_deref(), &spec.env)
+}
+
 /// Directories of the rootfs skeleton (mount points of the base table and
 /// the host binds are created by the launcher as needed).
 const SKELETON_DIRS: [&str; 12] = [
@@ -327,6 +360,7 @@ const SKELETON_DIRS: [&str; 12] = [
 pub fn write_bundle(
     dir: &Path,
     spec: &Spec,
+    command_env: &[String],
     seccomp_verbatim: Option<&serde_json::Value>,
 ) -> Result<(), BundleError> {
     let w = |path: &Path, r: std::io::Result<()>| {
@@ -361,6 +395,19 @@ pub fn write_bundle(
         let p = files.join(name);
         w(&p, std::fs::write(&p, content))?;
     }
+    // NUL-terminated entries: values may hold newlines. Read by the agent
+    // (uid 1000), hence 0644; the directory above is the daemon's 0700.
+    let p = files.join(COMMAND_ENV_FILE);
+    let mut bytes = Vec::new();
+    for kv in command_env {
+        bytes.extend_from_slice(kv.as_bytes());
+        bytes.push(0);
+    }
+    w(&p, std::fs::write(&p, bytes))?;
+    w(
+        &p,
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o644)),
+    )?;
     let cfg = dir.join("config.json");
     let mut value = serde_json::to_value(spec).map_err(|e| BundleError::Build(e.to_string()))?;
     if let (Some(profile), Some(linux)) = (seccomp_verbatim, value.get_mut("linux")) {
@@ -449,9 +496,20 @@ mod tests {
         // Not set by default: runc refuses a negative score on hosts that
         // withhold CAP_SYS_RESOURCE (see docs/operations.md, OOM kills).
         assert_eq!(p.oom_score_adj(), None);
+        // The request's env (PATH=/custom here) reaches commands only; the
+        // agent's own env is the base spec's plus the fixed identity.
+        let commands = command_env(&base, &sspec(StorageMode::Persistent, Some("p/q")));
+        assert!(commands.contains(&"PATH=/custom".to_string()));
+        assert_eq!(
+            commands.iter().filter(|e| e.starts_with("PATH=")).count(),
+            1
+        );
         let env = p.env().as_ref().unwrap();
-        assert!(env.contains(&"PATH=/custom".to_string()));
+        assert!(!env.contains(&"PATH=/custom".to_string()), "{env:?}");
         assert_eq!(env.iter().filter(|e| e.starts_with("PATH=")).count(), 1);
+        assert!(env.contains(&"HOME=/home/gem".to_string()));
+        let args = p.args().as_ref().unwrap();
+        assert_eq!(args[3..], ["--command-env", GUEST.command_env_path]);
         assert_eq!(s.hostname().as_deref(), Some("sbx-ab-1"));
         let linux = s.linux().as_ref().unwrap();
         let r = linux.resources().as_ref().unwrap();

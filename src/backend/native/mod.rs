@@ -237,7 +237,8 @@ impl NativeBackend {
             Some(&self.seccomp.oci),
         )
         .map_err(internal)?;
-        bundle::write_bundle(dir, &oci, Some(&self.seccomp.verbatim)).map_err(internal)?;
+        let env = bundle::command_env(&self.base, spec);
+        bundle::write_bundle(dir, &oci, &env, Some(&self.seccomp.verbatim)).map_err(internal)?;
         Ok(oci)
     }
 
