@@ -25,7 +25,8 @@ pub struct BundleArgs {
     /// Ephemeral sandbox (`inherit_env=false`, no workdir).
     #[arg(long)]
     pub ephemeral: bool,
-    /// Output directory (created; must not exist or be empty).
+    /// Output directory: created with mode 0700; must not exist (nothing is
+    /// written through a symlink or into an existing directory).
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
@@ -38,12 +39,13 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
     if args.ephemeral && args.workdir_path.is_some() {
         bail!("--ephemeral and --workdir-path exclude each other");
     }
-    if args.out.exists()
-        && std::fs::read_dir(&args.out)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true)
-    {
-        bail!("{} exists and is not empty", args.out.display());
+    // Checked again, atomically, when the directory is made (mkdir, not
+    // "exists?"); this only gives the clear error before any work.
+    if args.out.symlink_metadata().is_ok() {
+        bail!(
+            "{} already exists: a bundle is written only into a new directory",
+            args.out.display()
+        );
     }
     let req: CreateRequest = serde_json::from_value(serde_json::json!({
         "sandbox_id": args.sandbox_id,
@@ -87,7 +89,13 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
         Some(&seccomp.oci),
     )?;
     let env = bundle::command_env(&base, &spec);
-    bundle::write_bundle(&out, &oci, &env, Some(&seccomp.verbatim))?;
+    if let Err(e) = bundle::write_bundle(&out, &oci, &env, Some(&seccomp.verbatim)) {
+        // Remove what we made (never what existed: then nothing was made).
+        if !matches!(e, bundle::BundleError::Exists { .. }) {
+            let _ = std::fs::remove_dir_all(&out);
+        }
+        return Err(e.into());
+    }
     println!("{}", out.join("config.json").display());
     Ok(())
 }

@@ -276,3 +276,61 @@ fn config_log_format_applies_and_env_wins() {
     );
     assert!(line.contains("value=local"), "{line}");
 }
+
+/// `sandboxd bundle --out DIR` (run as root by reviewers) writes only into a
+/// directory it creates itself (0700): an existing directory, or a symlink
+/// planted where DIR should be, is refused with a clear error and nothing
+/// is written through it.
+#[test]
+fn bundle_out_is_created_exclusively_and_never_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("empty.toml");
+    std::fs::write(&config, "").unwrap();
+    let bundle = |out: &std::path::Path| {
+        cli(
+            &[
+                "bundle",
+                "--sandbox-id",
+                "b1",
+                "--uid",
+                "u1",
+                "--config",
+                config.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    // An existing (empty) directory.
+    let existing = tmp.path().join("existing");
+    std::fs::create_dir(&existing).unwrap();
+    let out = bundle(&existing);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    assert_eq!(std::fs::read_dir(&existing).unwrap().count(), 0);
+    // A symlink to a directory elsewhere.
+    let target = tmp.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = bundle(&link);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    // A dangling symlink: nothing is created at its target either.
+    let dangling = tmp.path().join("dangling");
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+    assert!(!bundle(&dangling).status.success());
+    assert!(!tmp.path().join("nowhere").exists());
+    // A new directory: made 0700, the config the daemon's only.
+    let fresh = tmp.path().join("fresh");
+    let out = bundle(&fresh);
+    assert!(out.status.success());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&fresh), 0o700);
+    assert_eq!(mode(&fresh.join("config.json")), 0o600);
+    assert_eq!(mode(&fresh.join("files/passwd")), 0o644);
+    assert!(fresh.join("rootfs/var/tmp").is_dir());
+}

@@ -31,6 +31,8 @@ pub enum BundleError {
     Incomplete(&'static str),
     #[error("cannot build spec: {0}")]
     Build(String),
+    #[error("{path} already exists: a bundle is written only into a new directory")]
+    Exists { path: PathBuf },
     #[error("cannot write bundle {path}: {source}")]
     Write {
         path: PathBuf,
@@ -357,22 +359,29 @@ const SKELETON_DIRS: [&str; 12] = [
 /// `seccomp_verbatim` is given it replaces `linux.seccomp`, so the profile
 /// lands in `config.json` exactly as written (with its rationale comments,
 /// which OCI consumers ignore).
+///
+/// `dir` must not exist: it is created exclusively (mode 0700), and every
+/// file and directory below it is made relative to its fd with
+/// `O_NOFOLLOW | O_EXCL` (`mkdirat`, `openat`, `symlinkat`), so this code,
+/// which runs as root, never follows a symlink someone planted, whether at
+/// `dir` itself or below it (`sandboxd bundle --out DIR` writes wherever
+/// its caller says).
 pub fn write_bundle(
     dir: &Path,
     spec: &Spec,
     command_env: &[String],
     seccomp_verbatim: Option<&serde_json::Value>,
 ) -> Result<(), BundleError> {
-    let w = |path: &Path, r: std::io::Result<()>| {
-        r.map_err(|source| BundleError::Write {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    let rootfs = dir.join("rootfs");
+    let root = create_exclusive_dir(dir)?;
+    let rootfs = make_dir(&root, dir, "rootfs")?;
+    let rootfs_path = dir.join("rootfs");
     for d in SKELETON_DIRS {
-        let p = rootfs.join(d);
-        w(&p, std::fs::create_dir_all(&p))?;
+        // `var/tmp`: its parent is listed (and made) before it.
+        let (parent, name) = match d.rsplit_once('/') {
+            Some((p, n)) => (Some(open_dir(&rootfs, &rootfs_path, p)?), n),
+            None => (None, d),
+        };
+        make_dir(parent.as_ref().unwrap_or(&rootfs), &rootfs_path, name)?;
     }
     // Merged-/usr hosts: the top-level program directories are symlinks.
     for (link, target) in [
@@ -383,39 +392,134 @@ pub fn write_bundle(
         ("lib32", "usr/lib32"),
         ("libx32", "usr/libx32"),
     ] {
-        let p = rootfs.join(link);
-        if Path::new("/").join(target).exists() && !p.exists() {
-            w(&p, std::os::unix::fs::symlink(target, &p))?;
+        if Path::new("/").join(target).exists() {
+            rustix::fs::symlinkat(target, &rootfs, link)
+                .map_err(|e| write_err(&rootfs_path.join(link), e))?;
         }
     }
-    let files = dir.join("files");
-    w(&files, std::fs::create_dir_all(&files))?;
+    let files = make_dir(&root, dir, "files")?;
+    let files_path = dir.join("files");
     let hostname = spec.hostname().clone().unwrap_or_else(|| "sandbox".into());
     for (name, content) in generated_files(&hostname) {
-        let p = files.join(name);
-        w(&p, std::fs::write(&p, content))?;
+        // Bound over /etc inside, read by the sandbox user.
+        write_new_file(&files, &files_path, name, content.as_bytes(), 0o644)?;
     }
     // NUL-terminated entries: values may hold newlines. Read by the agent
     // (uid 1000), hence 0644; the directory above is the daemon's 0700.
-    let p = files.join(COMMAND_ENV_FILE);
     let mut bytes = Vec::new();
     for kv in command_env {
         bytes.extend_from_slice(kv.as_bytes());
         bytes.push(0);
     }
-    w(&p, std::fs::write(&p, bytes))?;
-    w(
-        &p,
-        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o644)),
-    )?;
-    let cfg = dir.join("config.json");
+    write_new_file(&files, &files_path, COMMAND_ENV_FILE, &bytes, 0o644)?;
     let mut value = serde_json::to_value(spec).map_err(|e| BundleError::Build(e.to_string()))?;
     if let (Some(profile), Some(linux)) = (seccomp_verbatim, value.get_mut("linux")) {
         linux["seccomp"] = profile.clone();
     }
     let json = serde_json::to_vec_pretty(&value).map_err(|e| BundleError::Build(e.to_string()))?;
-    w(&cfg, std::fs::write(&cfg, json))?;
-    Ok(())
+    // Holds the sandbox's environment: the daemon's only.
+    write_new_file(&root, dir, "config.json", &json, 0o600)
+}
+
+fn write_err(path: &Path, e: rustix::io::Errno) -> BundleError {
+    BundleError::Write {
+        path: path.to_path_buf(),
+        source: e.into(),
+    }
+}
+
+/// Creates `dir` (which must not exist; a symlink there counts as existing)
+/// with mode 0700 and opens it without following a symlink.
+fn create_exclusive_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, BundleError> {
+    use rustix::fs::{Mode, OFlags};
+    let name = dir.file_name().ok_or_else(|| BundleError::Exists {
+        path: dir.to_path_buf(),
+    })?;
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let parent_fd = rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| write_err(parent, e))?;
+    match rustix::fs::mkdirat(&parent_fd, name, Mode::from_raw_mode(0o700)) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::EXIST) => {
+            return Err(BundleError::Exists {
+                path: dir.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(write_err(dir, e)),
+    }
+    let fd = rustix::fs::openat(
+        &parent_fd,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| write_err(dir, e))?;
+    // mkdirat's mode went through the umask; make it exactly 0700.
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700)).map_err(|e| write_err(dir, e))?;
+    Ok(fd)
+}
+
+/// `mkdirat` + open of `name` below `parent` (shown as `shown/name`),
+/// refusing an existing entry or a symlink.
+fn make_dir(
+    parent: &std::os::fd::OwnedFd,
+    shown: &Path,
+    name: &str,
+) -> Result<std::os::fd::OwnedFd, BundleError> {
+    use rustix::fs::Mode;
+    let path = shown.join(name);
+    rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o755))
+        .map_err(|e| write_err(&path, e))?;
+    open_dir(parent, shown, name)
+}
+
+/// Opens the existing directory `rel` below `parent`, no symlink followed.
+fn open_dir(
+    parent: &std::os::fd::OwnedFd,
+    shown: &Path,
+    rel: &str,
+) -> Result<std::os::fd::OwnedFd, BundleError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    rustix::fs::openat2(
+        parent,
+        rel,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    )
+    .map_err(|e| write_err(&shown.join(rel), e))
+}
+
+/// Writes a new file `name` below `parent` (`O_CREAT | O_EXCL | O_NOFOLLOW`)
+/// with exactly `mode`.
+fn write_new_file(
+    parent: &std::os::fd::OwnedFd,
+    shown: &Path,
+    name: &str,
+    content: &[u8],
+    mode: u32,
+) -> Result<(), BundleError> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Write;
+    let path = shown.join(name);
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(|e| write_err(&path, e))?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| write_err(&path, e))?;
+    std::fs::File::from(fd)
+        .write_all(content)
+        .map_err(|source| BundleError::Write { path, source })
 }
 
 #[cfg(test)]
