@@ -38,4 +38,5 @@ mod seccomp_cli;
 mod seccomp_probe;
 mod seccomp_runc;
 mod seccomp_workloads;
+mod soak;
 mod systemd;
