@@ -306,3 +306,56 @@ async fn pid_1_cannot_be_taken_over_from_inside() {
         .await;
     assert!(out.ends_with("mem-denied\nenviron-denied\n"), "{out}");
 }
+
+/// Hardening (until user namespaces): sandboxes share host uid 1000, so the
+/// daemon raises `fs.inotify.max_user_instances` from the kernel default at
+/// start, and each sandbox gets its own RLIMIT_MSGQUEUE / RLIMIT_SIGPENDING
+/// instead of the host's. One sandbox holding 200 inotify instances leaves
+/// the other able to make its own.
+#[tokio::test]
+async fn one_sandbox_cannot_exhaust_the_shared_inotify_instances() {
+    if !privileged("one_sandbox_cannot_exhaust_the_shared_inotify_instances") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let limit: u64 = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(limit > 128, "the kernel default (128) is still in force");
+    for id in ["ino-a", "ino-b"] {
+        let (s, v) = d
+            .create(json!({"sandbox_id": id, "thread_id": id, "uid": "u1"}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (out, _) = d.exec("ino-a", "ulimit -q; ulimit -i").await;
+    assert_eq!(out, "262144\n4096\n");
+    let hold = "import ctypes, time\n\
+                libc = ctypes.CDLL(None)\n\
+                fds = [libc.inotify_init1(0) for _ in range(200)]\n\
+                open('/tmp/held', 'w').write(str(sum(f >= 0 for f in fds)))\n\
+                time.sleep(60)\n";
+    std::fs::write(dirs.workspace("u1").join("hold.py"), hold).unwrap();
+    let (out, code) = d
+        .exec(
+            "ino-a",
+            "nohup python3 /home/gem/user-data/hold.py >/dev/null 2>&1 & \
+             for i in $(seq 100); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held",
+        )
+        .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("200", 0),
+        "the holder did not get its instances"
+    );
+    let (out, code) = d
+        .exec(
+            "ino-b",
+            "python3 -c 'import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)'",
+        )
+        .await;
+    assert_eq!((out.as_str(), code), ("True\n", 0));
+}

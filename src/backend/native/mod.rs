@@ -27,6 +27,7 @@ use crate::model::{
 use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
+pub mod host;
 pub mod launch;
 pub mod netns;
 pub use sandbox_abi::paths;
@@ -155,6 +156,7 @@ impl NativeBackend {
         // Sandboxes are re-parented to us when their launcher exits, so we
         // can reap them (the host's PID 1 may not).
         nix::sys::prctl::set_child_subreaper(true).map_err(internal)?;
+        host::tune(Path::new(host::INOTIFY_INSTANCES));
         let backend = NativeBackend {
             state,
             host,

@@ -1,0 +1,65 @@
+//! Node-wide kernel settings the native backend needs, checked (and where
+//! the kernel default is known to be too small, raised) once at start-up,
+//! each change logged.
+//!
+//! Every native sandbox runs as host uid 1000 (until user namespaces land),
+//! so per-user kernel limits are shared by all tenants. The one whose
+//! kernel default breaks normal use at a few dozen sandboxes is
+//! `fs.inotify.max_user_instances` (128): editors, language servers and
+//! `npm`/`vite` watchers take several each, and past 128 every tenant's
+//! `inotify_init` fails. The remaining shared limits are documented in
+//! `docs/security.md`.
+
+use std::path::Path;
+
+use tracing::{info, warn};
+
+/// `fs.inotify.max_user_instances`.
+pub const INOTIFY_INSTANCES: &str = "/proc/sys/fs/inotify/max_user_instances";
+/// The kernel's default, raised when found.
+pub const INOTIFY_INSTANCES_DEFAULT: u64 = 128;
+/// What the daemon raises it to.
+pub const INOTIFY_INSTANCES_RAISED: u64 = 8192;
+
+/// Raises `fs.inotify.max_user_instances` from the kernel default (an
+/// operator's own value is left alone). Returns the value in force.
+pub fn tune(sysctl: &Path) -> Option<u64> {
+    let current: u64 = std::fs::read_to_string(sysctl).ok()?.trim().parse().ok()?;
+    if current != INOTIFY_INSTANCES_DEFAULT {
+        return Some(current);
+    }
+    match std::fs::write(sysctl, INOTIFY_INSTANCES_RAISED.to_string()) {
+        Ok(()) => {
+            info!(
+                sysctl = %sysctl.display(),
+                from = current,
+                to = INOTIFY_INSTANCES_RAISED,
+                "raised the kernel default: every sandbox shares host uid 1000's inotify instances"
+            );
+            Some(INOTIFY_INSTANCES_RAISED)
+        }
+        Err(e) => {
+            warn!(sysctl = %sysctl.display(), error = %e,
+                  "cannot raise the inotify instance limit: sandboxes share 128 instances");
+            Some(current)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raises_only_the_kernel_default() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("max_user_instances");
+        std::fs::write(&f, "128\n").unwrap();
+        assert_eq!(tune(&f), Some(INOTIFY_INSTANCES_RAISED));
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "8192");
+        std::fs::write(&f, "512\n").unwrap();
+        assert_eq!(tune(&f), Some(512));
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "512\n");
+        assert_eq!(tune(&d.path().join("missing")), None);
+    }
+}
