@@ -75,13 +75,17 @@ struct Live {
     cgroup: Option<Arc<SandboxCgroup>>,
 }
 
+/// The native backend. Cheap to clone, and every clone is the same
+/// backend (the settings are shared, as is the map of live sandboxes):
+/// blocking work runs on a clone moved to a blocking thread.
+#[derive(Clone)]
 pub struct NativeBackend {
     state: StateDir,
-    host: HostLayout,
-    base: Spec,
-    init_path: PathBuf,
-    seccomp: Seccomp,
-    cgroups: CgroupRoot,
+    host: Arc<HostLayout>,
+    base: Arc<Spec>,
+    init_path: Arc<Path>,
+    seccomp: Arc<Seccomp>,
+    cgroups: Arc<CgroupRoot>,
     dialer: NetnsDialer,
     /// Shared with the exit watchers ([`watch`]).
     live: Arc<Mutex<HashMap<String, Live>>>,
@@ -157,11 +161,11 @@ impl NativeBackend {
         nix::sys::prctl::set_child_subreaper(true).map_err(internal)?;
         let backend = NativeBackend {
             state,
-            host,
-            base,
-            init_path,
-            seccomp,
-            cgroups,
+            host: Arc::new(host),
+            base: Arc::new(base),
+            init_path: init_path.into(),
+            seccomp: Arc::new(seccomp),
+            cgroups: Arc::new(cgroups),
             dialer: NetnsDialer::start().map_err(internal)?,
             live: Arc::new(Mutex::new(HashMap::new())),
         };
@@ -211,8 +215,11 @@ impl NativeBackend {
         let rel = sandbox_abi::layout::workspace_rel(uid);
         paths::ensure_user_dirs(&self.host.user_data_root, &rel)
             .map_err(|e| user_err("user data root", e))?;
-        paths::ensure_user_dirs(&self.host.skills_root, &sandbox_abi::layout::native_skills_rel(uid))
-            .map_err(|e| user_err("skills root", e))?;
+        paths::ensure_user_dirs(
+            &self.host.skills_root,
+            &sandbox_abi::layout::native_skills_rel(uid),
+        )
+        .map_err(|e| user_err("skills root", e))?;
         Ok(())
     }
 
@@ -472,12 +479,8 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| internal(format!("worker failed: {e}")))?
 }
 
-/// The backend is shared as `Arc<NativeBackend>`; the trait is implemented
-/// on a thin wrapper so blocking work can own a reference.
-pub struct Native(pub Arc<NativeBackend>);
-
 #[async_trait]
-impl Backend for Native {
+impl Backend for NativeBackend {
     fn name(&self) -> &'static str {
         "native"
     }
@@ -487,14 +490,13 @@ impl Backend for Native {
         spec: &SandboxSpec,
         health_timeout: Duration,
     ) -> Result<SandboxRecord, BackendError> {
-        let b = self.0.clone();
+        let b = self.clone();
         let spec = spec.clone();
         blocking(move || b.blocking_create(&spec, health_timeout)).await
     }
 
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
         Ok(self
-            .0
             .live()
             .values()
             .map(|l| {
@@ -508,7 +510,7 @@ impl Backend for Native {
     }
 
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
-        match self.0.live().get(&record.sandbox_id) {
+        match self.live().get(&record.sandbox_id) {
             Some(l) if l.record.generation == record.generation && !l.handle.exited() => {
                 SandboxStatus::Running
             }
@@ -519,7 +521,7 @@ impl Backend for Native {
     async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
         let mut r = record.clone();
         r.status = self.status(record).await;
-        if let Some(l) = self.0.live().get(&record.sandbox_id) {
+        if let Some(l) = self.live().get(&record.sandbox_id) {
             if l.record.generation == record.generation {
                 if let Some(cg) = &l.cgroup {
                     if cg.oom_kills() > 0 {
@@ -532,13 +534,13 @@ impl Backend for Native {
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
-        let b = self.0.clone();
+        let b = self.clone();
         let (id, g) = (sandbox_id.to_string(), generation.to_string());
         blocking(move || b.blocking_delete(&id, &g)).await
     }
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
-        let netns = match self.0.live().get(&record.sandbox_id) {
+        let netns = match self.live().get(&record.sandbox_id) {
             Some(l) if l.record.generation == record.generation => l.netns.clone(),
             _ => {
                 return Err(BackendError::Unreachable(format!(
@@ -549,10 +551,9 @@ impl Backend for Native {
         };
         let addr = SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::LOCALHOST,
-            self.0.host.container_port,
+            self.host.container_port,
         ));
         let stream = self
-            .0
             .dialer
             .connect(netns, addr)
             .await
