@@ -21,12 +21,12 @@ use tracing::{info, warn};
 use super::{Backend, BackendError, Upstream};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
-use crate::model::{
-    new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
-};
+use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
+mod create;
+mod error;
 pub mod launch;
 pub mod netns;
 pub use sandbox_abi::paths;
@@ -36,8 +36,8 @@ pub mod state;
 mod watch;
 
 use bundle::HostLayout;
+pub use error::NativeError;
 use netns::NetnsDialer;
-use paths::PathError;
 use proc::ProcHandle;
 use state::{Phase, SandboxState, StateDir};
 
@@ -52,16 +52,15 @@ pub struct Seccomp {
 impl Seccomp {
     /// Loads and compiles the configured (or embedded) profile; any error
     /// stops the daemon's start-up (never a sandbox without its filter).
-    pub fn load(path: Option<&Path>) -> Result<Seccomp, BackendError> {
-        let (profile, _raw, filters) = crate::seccomp::load_and_compile(path)
-            .map_err(|e| internal(format!("seccomp profile: {e}")))?;
+    pub fn load(path: Option<&Path>) -> Result<Seccomp, NativeError> {
+        let (profile, _raw, filters) = crate::seccomp::load_and_compile(path)?;
         info!(
             profile = %profile.source,
             instructions = ?filters.instruction_counts(),
             "seccomp profile compiled"
         );
         Ok(Seccomp {
-            oci: profile.to_oci().map_err(internal)?,
+            oci: profile.to_oci()?,
             verbatim: profile.to_oci_value(),
         })
     }
@@ -91,43 +90,41 @@ pub struct NativeBackend {
     live: Arc<Mutex<HashMap<String, Live>>>,
 }
 
-fn internal(e: impl std::fmt::Display) -> BackendError {
-    BackendError::Internal(e.to_string())
-}
-
 /// A binary shipped next to the running `sandboxd`.
-fn sibling_binary(name: &str) -> Result<PathBuf, BackendError> {
-    let exe = std::env::current_exe().map_err(internal)?;
-    let p = exe
-        .parent()
-        .map(|d| d.join(name))
-        .ok_or_else(|| internal("cannot locate the sandboxd binary"))?;
-    if p.is_file() {
-        Ok(p)
+fn sibling_binary(name: &'static str) -> Result<PathBuf, NativeError> {
+    let path = std::env::current_exe()
+        .map_err(NativeError::CurrentExe)?
+        .with_file_name(name);
+    if path.is_file() {
+        Ok(path)
     } else {
-        Err(internal(format!(
-            "{name} not found at {} (set [native] {}_path)",
-            p.display(),
-            name.trim_start_matches("sandbox-")
-        )))
+        Err(NativeError::MissingBinary { name, path })
     }
 }
 
+/// `canonicalize`, naming the path in its error.
+fn resolve(path: &Path) -> Result<PathBuf, NativeError> {
+    std::fs::canonicalize(path).map_err(|source| NativeError::Resolve {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Creates (if needed) and canonicalizes an operator-configured root.
-fn prepare_root(path: &Path, sub: Option<&str>) -> Result<PathBuf, BackendError> {
+fn prepare_root(path: &Path, sub: Option<&str>) -> Result<PathBuf, NativeError> {
     let full = sub
         .map(|s| path.join(s))
         .unwrap_or_else(|| path.to_path_buf());
     std::fs::create_dir_all(&full)
-        .map_err(|e| internal(format!("cannot create {}: {e}", full.display())))?;
-    std::fs::canonicalize(path).map_err(|e| internal(format!("{}: {e}", path.display())))
+        .map_err(|source| NativeError::CreateRoot { path: full, source })?;
+    resolve(path)
 }
 
 impl NativeBackend {
     /// Builds the backend from the configuration, then reconciles the
     /// state directory (adopts live sandboxes, cleans up the rest) before
     /// returning, so the API never serves a half-known node.
-    pub fn new(cfg: &Config) -> Result<NativeBackend, BackendError> {
+    pub fn new(cfg: &Config) -> Result<NativeBackend, NativeError> {
         let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
         let agent_path = match &cfg.native.agent_path {
             Some(p) => p.clone(),
@@ -140,25 +137,28 @@ impl NativeBackend {
         let host = HostLayout {
             user_data_root: prepare_root(&cfg.user_data_root, Some("shared"))?,
             skills_root: prepare_root(&cfg.skills_root, None)?,
-            agent_path: std::fs::canonicalize(&agent_path)
-                .map_err(|e| internal(format!("{}: {e}", agent_path.display())))?,
+            agent_path: resolve(&agent_path)?,
             rootfs_binds: HostLayout::resolve_binds(&cfg.native),
             container_port: cfg.container_port,
             limits: cfg.limits.clone(),
         };
-        let base = bundle::load_base(cfg.native.base_spec.as_deref()).map_err(internal)?;
-        let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent).map_err(internal)?;
+        let base = bundle::load_base(cfg.native.base_spec.as_deref())?;
+        let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
         move_into_leaf_if_delegated(&cgroups)?;
         let state = StateDir::new(&cfg.state_dir);
-        std::fs::create_dir_all(state.root()).map_err(internal)?;
+        let root = state.root().to_path_buf();
+        std::fs::create_dir_all(&root).map_err(|source| NativeError::CreateStateDir {
+            path: root.clone(),
+            source,
+        })?;
         {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(state.root(), std::fs::Permissions::from_mode(0o700))
-                .map_err(internal)?;
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+                .map_err(|source| NativeError::StateDirMode { path: root, source })?;
         }
         // Sandboxes are re-parented to us when their launcher exits, so we
         // can reap them (the host's PID 1 may not).
-        nix::sys::prctl::set_child_subreaper(true).map_err(internal)?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(NativeError::Subreaper)?;
         let backend = NativeBackend {
             state,
             host: Arc::new(host),
@@ -166,7 +166,7 @@ impl NativeBackend {
             init_path: init_path.into(),
             seccomp: Arc::new(seccomp),
             cgroups: Arc::new(cgroups),
-            dialer: NetnsDialer::start().map_err(internal)?,
+            dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
             live: Arc::new(Mutex::new(HashMap::new())),
         };
         backend.reconcile();
@@ -192,57 +192,6 @@ impl NativeBackend {
         let id = l.record.sandbox_id.clone();
         watch::watch(&self.live, &id, &l.record.generation, l.handle.clone());
         self.live().insert(id, l);
-    }
-
-    /// Checks and prepares the host paths of a persistent sandbox. Nothing
-    /// is created unless every check passed.
-    fn prepare_user_paths(&self, spec: &SandboxSpec) -> Result<(), BackendError> {
-        if spec.identity.storage == StorageMode::Ephemeral {
-            return Ok(());
-        }
-        let uid = &spec.identity.uid;
-        let user_err = |what: &str, e: PathError| {
-            if e.is_user_error() {
-                BackendError::Invalid(format!("{what}: {e}"))
-            } else {
-                internal(format!("{what}: {e}"))
-            }
-        };
-        if let Some(w) = &spec.identity.workdir_path {
-            let full = self.host.workspace(uid).join(w);
-            paths::open_dir_nofollow(&full).map_err(|e| user_err("workdir_path", e))?;
-        }
-        let rel = sandbox_abi::layout::workspace_rel(uid);
-        paths::ensure_user_dirs(&self.host.user_data_root, &rel)
-            .map_err(|e| user_err("user data root", e))?;
-        paths::ensure_user_dirs(
-            &self.host.skills_root,
-            &sandbox_abi::layout::native_skills_rel(uid),
-        )
-        .map_err(|e| user_err("skills root", e))?;
-        Ok(())
-    }
-
-    /// Writes the bundle a create of `spec` would use into `dir`.
-    pub fn write_bundle_to(
-        &self,
-        spec: &SandboxSpec,
-        generation: &str,
-        dir: &Path,
-    ) -> Result<Spec, BackendError> {
-        let cgroup_path = self.cgroups.relative_path(&spec.sandbox_id);
-        let oci = bundle::build_spec(
-            &self.base,
-            spec,
-            generation,
-            &self.host,
-            &dir.join("files"),
-            Some(&cgroup_path),
-            Some(&self.seccomp.oci),
-        )
-        .map_err(internal)?;
-        bundle::write_bundle(dir, &oci, Some(&self.seccomp.verbatim)).map_err(internal)?;
-        Ok(oci)
     }
 
     /// Kills what a failed or deleted incarnation left (its PID 1, then
@@ -290,126 +239,12 @@ impl NativeBackend {
         }
     }
 
-    fn blocking_create(
-        &self,
-        spec: &SandboxSpec,
-        timeout: Duration,
-    ) -> Result<SandboxRecord, BackendError> {
-        let id = spec.sandbox_id.clone();
-        self.prepare_user_paths(spec)?;
-        let generation = new_generation();
-        let dir = self.state.sandbox_dir(&id);
-        // A leftover directory of a dead incarnation (nothing live owns
-        // it: the lifecycle deleted any live one first).
-        self.state.remove(&id).map_err(internal)?;
-        std::fs::create_dir_all(&dir).map_err(internal)?;
-        let mut st = SandboxState {
-            sandbox_id: id.clone(),
-            generation: generation.clone(),
-            identity: spec.identity.clone(),
-            phase: Phase::Creating,
-            pid: None,
-            start_time: None,
-            cgroup: None,
-            resources: spec.resources,
-            created_at: unix_now(),
-        };
-        let fail = |e: BackendError, handle: Option<&ProcHandle>| {
-            self.destroy(&id, handle);
-            e
-        };
-        if let Err(e) = self.state.save(&st) {
-            return Err(fail(internal(e), None));
-        }
-        failpoint::hit(Point::CreateAfterState);
-        let cgroup = match self.cgroups.create(&id, &spec.resources) {
-            Ok(cg) => cg,
-            Err(e) => return Err(fail(internal(e), None)),
-        };
-        st.cgroup = Some(self.cgroups.relative_path(&id).display().to_string());
-        if let Err(e) = self.state.save(&st) {
-            return Err(fail(internal(e), None));
-        }
-        failpoint::hit(Point::CreateAfterCgroup);
-        let bundle_dir = self.state.bundle_dir(&id);
-        if let Err(e) = self.write_bundle_to(spec, &generation, &bundle_dir) {
-            return Err(fail(e, None));
-        }
-        failpoint::hit(Point::CreateAfterBundle);
-        let mut handle = None;
-        let mut save_err = None;
-        let r = launch::launch(
-            &self.init_path,
-            &bundle_dir,
-            &self.state.log_path(&id),
-            timeout,
-            &mut |pid| {
-                // Record the PID (and its start time) at once, before
-                // waiting for readiness: a crash from here on leaves a
-                // state.json naming the live process.
-                handle = ProcHandle::open(pid, None);
-                if let Some(h) = &handle {
-                    st.pid = Some(pid);
-                    st.start_time = Some(h.start_time);
-                    if let Err(e) = self.state.save(&st) {
-                        save_err = Some(e);
-                    }
-                    failpoint::hit(Point::CreateAfterPid);
-                } else {
-                    // It already exited: collect it, or it stays a zombie.
-                    proc::reap_if_zombie(pid);
-                }
-            },
-        );
-        if let Some(e) = save_err {
-            return Err(fail(internal(e), handle.as_ref()));
-        }
-        let pid = match r {
-            Ok(l) => l.pid,
-            Err(e) => {
-                let err = match e {
-                    launch::LaunchError::Timeout(t) => BackendError::HealthTimeout(t),
-                    e => internal(e),
-                };
-                return Err(fail(err, handle.as_ref()));
-            }
-        };
-        let Some(handle) = handle else {
-            return Err(fail(
-                internal("sandbox exited right after it started"),
-                None,
-            ));
-        };
-        let netns = match netns::open_netns(pid) {
-            Ok(fd) => Arc::new(fd),
-            Err(e) => return Err(fail(internal(format!("open netns: {e}")), Some(&handle))),
-        };
-        failpoint::hit(Point::CreateAfterLaunch);
-        st.phase = Phase::Running;
-        st.pid = Some(pid);
-        st.start_time = Some(handle.start_time);
-        if let Err(e) = self.state.save(&st) {
-            return Err(fail(internal(e), Some(&handle)));
-        }
-        failpoint::hit(Point::CreateAfterRunning);
-        let record = record_of(&st, SandboxStatus::Running);
-        self.track(Live {
-            record: record.clone(),
-            handle: Arc::new(handle),
-            netns,
-            cgroup: Some(Arc::new(cgroup)),
-        });
-        Ok(record)
-    }
-
-    fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), BackendError> {
+    fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), NativeError> {
         let live = self.live().remove(id);
         match live {
             Some(l) if l.record.generation != generation => {
                 self.live().insert(id.to_string(), l);
-                Err(BackendError::Conflict(format!(
-                    "sandbox {id} is at another generation"
-                )))
+                Err(NativeError::OtherGeneration { id: id.to_string() })
             }
             Some(l) => {
                 if let Ok(Some(mut st)) = self.state.load(id) {
@@ -439,7 +274,7 @@ impl NativeBackend {
 /// for its children. When the sandboxes' parent lies inside the daemon's
 /// own cgroup (systemd `Delegate=yes` with `cgroup_parent` under the
 /// service's cgroup), the daemon first moves itself into a `daemon` leaf.
-fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), BackendError> {
+fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), NativeError> {
     if cgroups.layout() != crate::cgroups::Layout::V2 {
         return Ok(());
     }
@@ -450,7 +285,7 @@ fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), BackendError>
     let parent = cgroups.relative_path("x");
     let parent = parent.parent().unwrap_or(Path::new("/"));
     if own != "/" && parent.starts_with(own) {
-        let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon").map_err(internal)?;
+        let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon")?;
         info!(
             ?service,
             "moved the daemon into the leaf cgroup `daemon` of its delegated subtree"
@@ -472,11 +307,9 @@ fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
 
 /// Runs blocking backend work off the async runtime.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
-) -> Result<T, BackendError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| internal(format!("worker failed: {e}")))?
+    f: impl FnOnce() -> Result<T, NativeError> + Send + 'static,
+) -> Result<T, NativeError> {
+    tokio::task::spawn_blocking(f).await?
 }
 
 #[async_trait]
@@ -492,7 +325,7 @@ impl Backend for NativeBackend {
     ) -> Result<SandboxRecord, BackendError> {
         let b = self.clone();
         let spec = spec.clone();
-        blocking(move || b.blocking_create(&spec, health_timeout)).await
+        Ok(blocking(move || b.blocking_create(&spec, health_timeout)).await?)
     }
 
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
@@ -536,28 +369,26 @@ impl Backend for NativeBackend {
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
         let b = self.clone();
         let (id, g) = (sandbox_id.to_string(), generation.to_string());
-        blocking(move || b.blocking_delete(&id, &g)).await
+        Ok(blocking(move || b.blocking_delete(&id, &g)).await?)
     }
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
         let netns = match self.live().get(&record.sandbox_id) {
             Some(l) if l.record.generation == record.generation => l.netns.clone(),
             _ => {
-                return Err(BackendError::Unreachable(format!(
-                    "sandbox {} is not running",
-                    record.sandbox_id
-                )))
+                let id = record.sandbox_id.clone();
+                return Err(NativeError::NotRunning { id }.into());
             }
         };
         let addr = SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::LOCALHOST,
             self.host.container_port,
         ));
-        let stream = self
-            .dialer
-            .connect(netns, addr)
-            .await
-            .map_err(|e| BackendError::Unreachable(e.to_string()))?;
+        let dial = |source| NativeError::Dial {
+            id: record.sandbox_id.clone(),
+            source,
+        };
+        let stream = self.dialer.connect(netns, addr).await.map_err(dial)?;
         Ok(Upstream { stream })
     }
 }
