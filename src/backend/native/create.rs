@@ -2,15 +2,12 @@
 //! `state.json`, cgroup, bundle, launch, then tracking. Whatever a failed
 //! create made is destroyed by a [`CreateGuard`].
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oci_spec::runtime::Spec;
-
 use super::proc::{self, ProcHandle};
 use super::state::{Phase, SandboxState};
-use super::{bundle, launch, netns, paths, record_of, Live, NativeBackend, NativeError};
+use super::{launch, netns, paths, record_of, Live, NativeBackend, NativeError};
 use crate::model::{
     new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
 };
@@ -60,37 +57,16 @@ impl NativeBackend {
             return Ok(());
         }
         let uid = &spec.identity.uid;
+        let host = self.bundler.host();
         if let Some(w) = &spec.identity.workdir_path {
-            let full = self.host.workspace(uid).join(w);
+            let full = host.workspace(uid).join(w);
             paths::open_dir_nofollow(&full).map_err(NativeError::Workdir)?;
         }
         let rel = sandbox_abi::layout::workspace_rel(uid);
-        paths::ensure_user_dirs(&self.host.user_data_root, &rel)
-            .map_err(NativeError::UserDataDir)?;
+        paths::ensure_user_dirs(&host.user_data_root, &rel).map_err(NativeError::UserDataDir)?;
         let rel = sandbox_abi::layout::native_skills_rel(uid);
-        paths::ensure_user_dirs(&self.host.skills_root, &rel).map_err(NativeError::SkillsDir)?;
+        paths::ensure_user_dirs(&host.skills_root, &rel).map_err(NativeError::SkillsDir)?;
         Ok(())
-    }
-
-    /// Writes the bundle a create of `spec` would use into `dir`.
-    pub fn write_bundle_to(
-        &self,
-        spec: &SandboxSpec,
-        generation: &str,
-        dir: &Path,
-    ) -> Result<Spec, NativeError> {
-        let cgroup_path = self.cgroups.relative_path(&spec.sandbox_id);
-        let oci = bundle::build_spec(
-            &self.base,
-            spec,
-            generation,
-            &self.host,
-            &dir.join("files"),
-            Some(&cgroup_path),
-            Some(&self.seccomp.oci),
-        )?;
-        bundle::write_bundle(dir, &oci, Some(&self.seccomp.verbatim))?;
-        Ok(oci)
     }
 
     pub(super) fn blocking_create(
@@ -126,7 +102,8 @@ impl NativeBackend {
         self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterCgroup);
         let bundle_dir = self.state.bundle_dir(id);
-        self.write_bundle_to(spec, &generation, &bundle_dir)?;
+        self.bundler
+            .write_bundle_to(spec, &generation, &bundle_dir)?;
         failpoint::hit(Point::CreateAfterBundle);
         let mut save_err = None;
         let launched = launch::launch(

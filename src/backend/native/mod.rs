@@ -10,12 +10,11 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use oci_spec::runtime::{LinuxSeccomp, Spec};
 use tracing::{info, warn};
 
 use super::{Backend, BackendError, Upstream};
@@ -25,6 +24,7 @@ use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
+mod bundler;
 mod create;
 mod error;
 pub mod launch;
@@ -35,36 +35,11 @@ pub mod reconcile;
 pub mod state;
 mod watch;
 
-use bundle::HostLayout;
+pub use bundler::{Bundler, HostPaths, Seccomp};
 pub use error::NativeError;
 use netns::NetnsDialer;
 use proc::ProcHandle;
 use state::{Phase, SandboxState, StateDir};
-
-/// The seccomp profile every bundle carries: its OCI form for the spec and
-/// the verbatim JSON written into `config.json`.
-#[derive(Clone)]
-pub struct Seccomp {
-    pub oci: LinuxSeccomp,
-    pub verbatim: serde_json::Value,
-}
-
-impl Seccomp {
-    /// Loads and compiles the configured (or embedded) profile; any error
-    /// stops the daemon's start-up (never a sandbox without its filter).
-    pub fn load(path: Option<&Path>) -> Result<Seccomp, NativeError> {
-        let (profile, _raw, filters) = crate::seccomp::load_and_compile(path)?;
-        info!(
-            profile = %profile.source,
-            instructions = ?filters.instruction_counts(),
-            "seccomp profile compiled"
-        );
-        Ok(Seccomp {
-            oci: profile.to_oci()?,
-            verbatim: profile.to_oci_value(),
-        })
-    }
-}
 
 /// A running sandbox as the daemon holds it.
 struct Live {
@@ -80,44 +55,12 @@ struct Live {
 #[derive(Clone)]
 pub struct NativeBackend {
     state: StateDir,
-    host: Arc<HostLayout>,
-    base: Arc<Spec>,
+    bundler: Arc<Bundler>,
     init_path: Arc<Path>,
-    seccomp: Arc<Seccomp>,
     cgroups: Arc<CgroupRoot>,
     dialer: NetnsDialer,
     /// Shared with the exit watchers ([`watch`]).
     live: Arc<Mutex<HashMap<String, Live>>>,
-}
-
-/// A binary shipped next to the running `sandboxd`.
-fn sibling_binary(name: &'static str) -> Result<PathBuf, NativeError> {
-    let path = std::env::current_exe()
-        .map_err(NativeError::CurrentExe)?
-        .with_file_name(name);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(NativeError::MissingBinary { name, path })
-    }
-}
-
-/// `canonicalize`, naming the path in its error.
-fn resolve(path: &Path) -> Result<PathBuf, NativeError> {
-    std::fs::canonicalize(path).map_err(|source| NativeError::Resolve {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Creates (if needed) and canonicalizes an operator-configured root.
-fn prepare_root(path: &Path, sub: Option<&str>) -> Result<PathBuf, NativeError> {
-    let full = sub
-        .map(|s| path.join(s))
-        .unwrap_or_else(|| path.to_path_buf());
-    std::fs::create_dir_all(&full)
-        .map_err(|source| NativeError::CreateRoot { path: full, source })?;
-    resolve(path)
 }
 
 impl NativeBackend {
@@ -125,24 +68,11 @@ impl NativeBackend {
     /// state directory (adopts live sandboxes, cleans up the rest) before
     /// returning, so the API never serves a half-known node.
     pub fn new(cfg: &Config) -> Result<NativeBackend, NativeError> {
-        let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
-        let agent_path = match &cfg.native.agent_path {
-            Some(p) => p.clone(),
-            None => sibling_binary("sandbox-agent")?,
-        };
+        let bundler = Bundler::new(cfg, HostPaths::Prepare)?;
         let init_path = match &cfg.native.init_path {
             Some(p) => p.clone(),
-            None => sibling_binary("sandbox-init")?,
+            None => bundler::sibling_binary("sandbox-init", HostPaths::Prepare)?,
         };
-        let host = HostLayout {
-            user_data_root: prepare_root(&cfg.user_data_root, Some("shared"))?,
-            skills_root: prepare_root(&cfg.skills_root, None)?,
-            agent_path: resolve(&agent_path)?,
-            rootfs_binds: HostLayout::resolve_binds(&cfg.native),
-            container_port: cfg.container_port,
-            limits: cfg.limits.clone(),
-        };
-        let base = bundle::load_base(cfg.native.base_spec.as_deref())?;
         let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
         move_into_leaf_if_delegated(&cgroups)?;
         let state = StateDir::new(&cfg.state_dir);
@@ -161,10 +91,8 @@ impl NativeBackend {
         nix::sys::prctl::set_child_subreaper(true).map_err(NativeError::Subreaper)?;
         let backend = NativeBackend {
             state,
-            host: Arc::new(host),
-            base: Arc::new(base),
+            bundler: Arc::new(bundler),
             init_path: init_path.into(),
-            seccomp: Arc::new(seccomp),
             cgroups: Arc::new(cgroups),
             dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
             live: Arc::new(Mutex::new(HashMap::new())),
@@ -382,7 +310,7 @@ impl Backend for NativeBackend {
         };
         let addr = SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::LOCALHOST,
-            self.host.container_port,
+            self.bundler.host().container_port,
         ));
         let dial = |source| NativeError::Dial {
             id: record.sandbox_id.clone(),
