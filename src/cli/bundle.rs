@@ -1,13 +1,17 @@
 //! `sandboxd bundle`: writes the OCI bundle (config.json, rootfs skeleton,
 //! generated files) that a create of the given identity would use, without
-//! starting anything. Host directories are neither checked nor created.
+//! starting anything. It builds what a create builds: the spec through the
+//! lifecycle's `build_spec` and the bundle through the native backend's
+//! [`Bundler`], resolved as the daemon resolves it, except that host
+//! directories are neither checked nor created ([`HostPaths::Untouched`])
+//! and the node env file is not read.
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 
-use crate::backend::native::bundle::{self, HostLayout};
-use crate::backend::native::Seccomp;
+use crate::backend::native::bundle::BundleError;
+use crate::backend::native::{Bundler, HostPaths, NativeError};
 use crate::config::{Config, ProcessEnv};
 use crate::lifecycle::request::build_spec;
 use crate::model::{new_generation, CreateRequest};
@@ -25,8 +29,7 @@ pub struct BundleArgs {
     /// Ephemeral sandbox (`inherit_env=false`, no workdir).
     #[arg(long)]
     pub ephemeral: bool,
-    /// Output directory: created with mode 0700; must not exist (nothing is
-    /// written through a symlink or into an existing directory).
+    /// Output directory (created; must not exist or be empty).
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
@@ -36,6 +39,23 @@ pub struct BundleArgs {
 pub fn run(args: BundleArgs) -> anyhow::Result<()> {
     let cfg = Config::load(args.config.as_deref(), &ProcessEnv)?;
     cfg.validate()?;
+    println!("{}", write(&args, &cfg)?.display());
+    Ok(())
+}
+
+/// The create request the arguments stand for.
+fn request(args: &BundleArgs) -> anyhow::Result<CreateRequest> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "sandbox_id": args.sandbox_id,
+        "thread_id": args.thread_id,
+        "uid": args.uid,
+        "workdir_path": args.workdir_path,
+        "inherit_env": !args.ephemeral,
+    }))?)
+}
+
+/// Writes the bundle into `args.out`; returns the path of `config.json`.
+fn write(args: &BundleArgs, cfg: &Config) -> anyhow::Result<PathBuf> {
     if args.ephemeral && args.workdir_path.is_some() {
         bail!("--ephemeral and --workdir-path exclude each other");
     }
@@ -47,55 +67,112 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
             args.out.display()
         );
     }
-    let req: CreateRequest = serde_json::from_value(serde_json::json!({
-        "sandbox_id": args.sandbox_id,
-        "thread_id": args.thread_id,
-        "uid": args.uid,
-        "workdir_path": args.workdir_path,
-        "inherit_env": !args.ephemeral,
-    }))?;
-    let spec = build_spec(req, &Default::default(), &cfg.limits)?;
-    let agent = match &cfg.native.agent_path {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .map(|d| d.join("sandbox-agent"))
-            .context("cannot locate sandbox-agent")?,
-    };
-    let canon = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-    let host = HostLayout {
-        user_data_root: canon(&cfg.user_data_root),
-        skills_root: canon(&cfg.skills_root),
-        agent_path: canon(&agent),
-        rootfs_binds: HostLayout::resolve_binds(&cfg.native),
-        container_port: cfg.container_port,
-        limits: cfg.limits.clone(),
-    };
-    let base = bundle::load_base(cfg.native.base_spec.as_deref())?;
-    let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
+    // No node env file: what it holds is the node's, not the bundle's.
+    let spec = build_spec(request(args)?, &Default::default(), &cfg.limits)?;
+    let bundler = Bundler::new(cfg, HostPaths::Untouched)?;
     let out = std::path::absolute(&args.out)?;
-    let cgroup_path = PathBuf::from(format!(
-        "/{}/{}",
-        cfg.native.cgroup_parent.trim_matches('/'),
-        spec.sandbox_id
-    ));
-    let oci = bundle::build_spec(
-        &base,
-        &spec,
-        &new_generation(),
-        &host,
-        &out.join("files"),
-        Some(&cgroup_path),
-        Some(&seccomp.oci),
-    )?;
-    let env = bundle::command_env(&base, &spec);
-    if let Err(e) = bundle::write_bundle(&out, &oci, &env, Some(&seccomp.verbatim)) {
+    if let Err(e) = bundler.write_bundle_to(&spec, &new_generation(), &out) {
         // Remove what we made (never what existed: then nothing was made).
-        if !matches!(e, bundle::BundleError::Exists { .. }) {
+        if !matches!(e, NativeError::Bundle(BundleError::Exists { .. })) {
             let _ = std::fs::remove_dir_all(&out);
         }
         return Err(e.into());
     }
-    println!("{}", out.join("config.json").display());
-    Ok(())
+    Ok(out.join("config.json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_abi::labels;
+    use std::path::Path;
+
+    fn args(out: &Path, workdir: Option<&str>, ephemeral: bool) -> BundleArgs {
+        BundleArgs {
+            sandbox_id: "b1".into(),
+            uid: "u1".into(),
+            thread_id: "t1".into(),
+            workdir_path: workdir.map(String::from),
+            ephemeral,
+            out: out.to_path_buf(),
+            config: None,
+        }
+    }
+
+    /// A configuration over `root`, with an agent binary there.
+    fn config(root: &Path) -> Config {
+        let agent = root.join("sandbox-agent");
+        std::fs::write(&agent, "").unwrap();
+        let mut cfg = Config {
+            user_data_root: root.join("user-data"),
+            skills_root: root.join("skills"),
+            ..Config::default()
+        };
+        cfg.native.agent_path = Some(agent);
+        cfg.native.cgroup_parent = "/system.slice/sandboxd.service/sandboxes/".into();
+        cfg
+    }
+
+    /// `config.json` without the generation, the one thing that differs
+    /// between two bundles of the same sandbox.
+    fn config_json(path: &Path) -> serde_json::Value {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let ann = v["annotations"].as_object_mut().unwrap();
+        assert!(ann.remove(labels::GENERATION).is_some(), "no generation");
+        v
+    }
+
+    #[test]
+    fn the_cli_writes_the_bundle_a_create_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = config(tmp.path());
+        std::fs::create_dir_all(cfg.user_data_root.join("shared/u1/workspace/proj")).unwrap();
+        std::fs::create_dir_all(cfg.skills_root.join("u1")).unwrap();
+        let out = tmp.path().join("out");
+        for (workdir, ephemeral) in [(Some("proj"), false), (None, false), (None, true)] {
+            let a = args(&out, workdir, ephemeral);
+            let cli = config_json(&write(&a, &cfg).unwrap());
+            std::fs::remove_dir_all(&out).unwrap();
+            // A create: the daemon's bundler (as NativeBackend::new makes
+            // it), the lifecycle's spec, the function blocking_create calls.
+            let spec = build_spec(request(&a).unwrap(), &Default::default(), &cfg.limits).unwrap();
+            Bundler::new(&cfg, HostPaths::Prepare)
+                .unwrap()
+                .write_bundle_to(&spec, &new_generation(), &out)
+                .unwrap();
+            let created = config_json(&out.join("config.json"));
+            std::fs::remove_dir_all(&out).unwrap();
+            assert_eq!(cli, created, "workdir {workdir:?}, ephemeral {ephemeral}");
+            assert_eq!(
+                created["linux"]["cgroupsPath"],
+                "/system.slice/sandboxd.service/sandboxes/b1"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cli_creates_and_checks_nothing_on_the_host() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg = config(tmp.path());
+        cfg.native.agent_path = Some(tmp.path().join("no-agent"));
+        let out = tmp.path().join("out");
+        let v = config_json(&write(&args(&out, Some("missing"), false), &cfg).unwrap());
+        assert!(!cfg.user_data_root.exists());
+        assert!(!cfg.skills_root.exists());
+        let sources: Vec<&str> = v["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["source"].as_str())
+            .collect();
+        let workspace = cfg.user_data_root.join("shared/u1/workspace");
+        assert!(
+            sources.contains(&workspace.to_str().unwrap()),
+            "{sources:?}"
+        );
+        assert!(sources.contains(&tmp.path().join("no-agent").to_str().unwrap()));
+        // A bundle is never written over another.
+        assert!(write(&args(&out, None, false), &cfg).is_err());
+    }
 }

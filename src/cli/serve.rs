@@ -18,7 +18,7 @@ use super::ServeArgs;
 use crate::api::{self, auth, AppState, Listener};
 use crate::backend::kube::KubeBackend;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::native::{Native, NativeBackend};
+use crate::backend::native::NativeBackend;
 use crate::backend::Backend;
 use crate::config::{parse_dotenv, BackendKind, Config, LogFormat, ProcessEnv};
 use crate::lifecycle::{Lifecycle, Settings};
@@ -98,7 +98,7 @@ async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
             let nb = tokio::task::spawn_blocking(move || NativeBackend::new(&cfg))
                 .await
                 .context("native backend set-up panicked")??;
-            Ok(Arc::new(Native(Arc::new(nb))))
+            Ok(Arc::new(nb))
         }
         BackendKind::Kubernetes => {
             let backend = KubeBackend::from_config(cfg)

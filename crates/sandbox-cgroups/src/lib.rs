@@ -26,12 +26,10 @@ use std::path::PathBuf;
 
 pub use layout::{parse_layout, Layout, Mounts};
 pub use leaf::move_self_to_leaf;
-pub use root::CgroupRoot;
+pub use root::{CgroupParent, CgroupRoot};
 pub use sandbox::SandboxCgroup;
 
-use oci_spec::runtime::{
-    LinuxCpuBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResources, LinuxResourcesBuilder,
-};
+use oci_spec::runtime::{LinuxCpuBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResources};
 use sandbox_abi::model::Resources;
 
 /// Where cgroup filesystems are mounted on every supported host.
@@ -169,32 +167,46 @@ pub fn cpu_quota_usec(cpus: f64) -> Option<u64> {
     Some(quota.max(MIN_CPU_QUOTA_USEC))
 }
 
-/// The OCI `linux.resources` for a sandbox: memory limit (with memory+swap
-/// equal to it when `swap_limit` is set, i.e. no swap), pids limit and CPU
-/// quota. Zero values mean "no limit". Also written into bundles.
+/// The OCI `linux.resources` of a sandbox: `base` with its memory, pids and
+/// CPU sections replaced by the sandbox's limits (anything else in `base`,
+/// e.g. a bundle's device allow-list, is kept). Memory: the limit, and
+/// memory+swap equal to it when `swap_limit` is set (i.e. no swap). Pids:
+/// the limit. CPU: the quota per [`CPU_PERIOD_USEC`] ([`cpu_quota_usec`]).
+/// A zero value means "no limit" and leaves its section out.
+///
+/// The one builder of these limits: the daemon applies them to the
+/// sandbox's cgroup with it (on an empty base), and the bundle builder
+/// writes its result into every `config.json` (`swap_limit` set).
 pub fn oci_resources(
+    mut base: LinuxResources,
     res: &Resources,
     swap_limit: bool,
 ) -> Result<LinuxResources, oci_spec::OciSpecError> {
-    let mut builder = LinuxResourcesBuilder::default();
-    if res.memory_mb > 0 {
+    let memory = if res.memory_mb > 0 {
         let bytes = i64::try_from(res.memory_mb.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
         let mut mem = LinuxMemoryBuilder::default().limit(bytes);
         if swap_limit {
             mem = mem.swap(bytes);
         }
-        builder = builder.memory(mem.build()?);
-    }
-    if res.pids > 0 {
+        Some(mem.build()?)
+    } else {
+        None
+    };
+    let pids = if res.pids > 0 {
         let pids = i64::try_from(res.pids).unwrap_or(i64::MAX);
-        builder = builder.pids(LinuxPidsBuilder::default().limit(pids).build()?);
-    }
-    if let Some(quota) = cpu_quota_usec(res.cpus) {
-        let cpu = LinuxCpuBuilder::default()
-            .quota(i64::try_from(quota).unwrap_or(i64::MAX))
-            .period(CPU_PERIOD_USEC)
-            .build()?;
-        builder = builder.cpu(cpu);
-    }
-    builder.build()
+        Some(LinuxPidsBuilder::default().limit(pids).build()?)
+    } else {
+        None
+    };
+    let cpu = match cpu_quota_usec(res.cpus) {
+        Some(quota) => Some(
+            LinuxCpuBuilder::default()
+                .quota(i64::try_from(quota).unwrap_or(i64::MAX))
+                .period(CPU_PERIOD_USEC)
+                .build()?,
+        ),
+        None => None,
+    };
+    base.set_memory(memory).set_pids(pids).set_cpu(cpu);
+    Ok(base)
 }

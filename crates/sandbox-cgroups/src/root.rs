@@ -15,6 +15,37 @@ use sandbox_abi::model::{validate_sandbox_id, Resources};
 /// v2 controllers a sandbox needs enabled in every ancestor.
 const V2_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 
+/// The configured parent of every sandbox cgroup, checked (plain
+/// components only, not the root cgroup) but with no cgroup filesystem
+/// looked at: what names a sandbox's cgroup in a bundle written without
+/// creating anything (`sandboxd bundle`) and in one a create writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupParent {
+    /// Relative to each hierarchy's root, without a leading `/`.
+    parent: PathBuf,
+}
+
+impl CgroupParent {
+    /// `parent` is a path relative to the hierarchy root, with or without
+    /// a leading `/` (as [`CgroupRoot::detect`] takes it).
+    pub fn new(parent: &str) -> Result<CgroupParent, CgroupError> {
+        Ok(CgroupParent {
+            parent: normalize_parent(parent)?,
+        })
+    }
+
+    /// The sandbox's cgroup path as OCI `linux.cgroupsPath` wants it: the
+    /// same as [`CgroupRoot::relative_path`] of a root with this parent.
+    pub fn relative_path(&self, sandbox_id: &str) -> PathBuf {
+        sandbox_path(&self.parent, sandbox_id)
+    }
+}
+
+/// `/<parent>/<id>`: absolute from the hierarchy root.
+fn sandbox_path(parent: &Path, sandbox_id: &str) -> PathBuf {
+    Path::new("/").join(parent).join(sandbox_id)
+}
+
 /// The detected layout and the parent cgroup under which every sandbox
 /// gets `<parent>/<id>` (in each v1 controller, or in the v2 hierarchy).
 #[derive(Debug, Clone)]
@@ -75,7 +106,7 @@ impl CgroupRoot {
     /// The sandbox's cgroup path as OCI `linux.cgroupsPath` wants it:
     /// absolute from the hierarchy root, e.g. `/sandboxd/<id>`.
     pub fn relative_path(&self, sandbox_id: &str) -> PathBuf {
-        Path::new("/").join(&self.parent).join(sandbox_id)
+        sandbox_path(&self.parent, sandbox_id)
     }
 
     /// Creates the sandbox's cgroup (reusing an empty leftover) and applies

@@ -10,6 +10,7 @@ use libcgroups::common::{
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use oci_spec::runtime::LinuxResources;
 
 use super::layout::Layout;
 use super::{files, oci_resources, AppliedLimits, CgroupError};
@@ -224,10 +225,12 @@ impl SandboxCgroup {
         if self.layout.uses_v1() && !v1_memsw {
             tracing::warn!(sandbox_id = %self.id, "no swap accounting (memsw): swap cannot be disabled");
         }
-        let resources = oci_resources(res, v1_memsw).map_err(|source| CgroupError::BuildSpec {
-            id: self.id.clone(),
-            source,
-        })?;
+        let base = LinuxResources::default();
+        let resources =
+            oci_resources(base, res, v1_memsw).map_err(|source| CgroupError::BuildSpec {
+                id: self.id.clone(),
+                source,
+            })?;
         let opt = ControllerOpt {
             resources: &resources,
             // OOM kills must happen inside the sandbox.

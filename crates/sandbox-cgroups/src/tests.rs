@@ -98,6 +98,41 @@ fn parent_paths() {
 }
 
 #[test]
+fn a_parent_names_the_same_path_as_a_detected_root() {
+    for parent in ["sandboxd", "/system.slice/s.service/sandboxes/"] {
+        let p = CgroupParent::new(parent).unwrap();
+        let r = CgroupRoot::with_root(Path::new("/x"), Layout::V1, parent);
+        assert_eq!(p.relative_path("abc"), r.relative_path("abc"));
+    }
+    assert_eq!(
+        CgroupParent::new("/a/b").unwrap().relative_path("id"),
+        Path::new("/a/b/id")
+    );
+    for bad in ["", "/", "a/../b"] {
+        assert!(CgroupParent::new(bad).is_err(), "{bad:?} accepted");
+    }
+}
+
+#[test]
+fn oci_resources_keeps_the_rest_of_its_base() {
+    let devices = vec![oci_spec::runtime::LinuxDeviceCgroupBuilder::default()
+        .allow(false)
+        .access("rwm")
+        .build()
+        .unwrap()];
+    let mut base = LinuxResources::default();
+    base.set_devices(Some(devices.clone()));
+    let spec = oci_resources(base, &res(), true).unwrap();
+    assert_eq!(spec.devices().as_ref(), Some(&devices));
+    assert_eq!(spec.cpu().as_ref().unwrap().period(), Some(CPU_PERIOD_USEC));
+    assert_eq!(spec, {
+        let mut only = oci_resources(LinuxResources::default(), &res(), true).unwrap();
+        only.set_devices(Some(devices));
+        only
+    });
+}
+
+#[test]
 fn cpu_quota() {
     assert_eq!(cpu_quota_usec(0.5), Some(50_000));
     assert_eq!(cpu_quota_usec(2.0), Some(200_000));
@@ -404,13 +439,14 @@ fn daemon_moves_into_leaf() {
 
 #[test]
 fn oci_resources_spec() {
-    let spec = oci_resources(&res(), true).unwrap();
+    let spec = oci_resources(LinuxResources::default(), &res(), true).unwrap();
     let mem = spec.memory().unwrap();
     assert_eq!(mem.limit(), Some(64 << 20));
     assert_eq!(mem.swap(), Some(64 << 20));
     assert_eq!(spec.pids().unwrap().limit(), 16);
     assert_eq!(spec.cpu().as_ref().unwrap().quota(), Some(50_000));
     let none = oci_resources(
+        LinuxResources::default(),
         &Resources {
             memory_mb: 0,
             cpus: 0.0,

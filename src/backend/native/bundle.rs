@@ -7,9 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{
-    LinuxCpuBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxSeccomp, Mount, MountBuilder, Spec,
-};
+use oci_spec::runtime::{LinuxSeccomp, Mount, MountBuilder, Spec};
 
 use crate::config::{Limits, NativeConfig};
 use crate::model::{Identity, SandboxSpec, StorageMode};
@@ -255,29 +253,14 @@ pub fn build_spec(
         .clone()
         .ok_or(BundleError::Incomplete("linux"))?;
     linux.set_cgroups_path(cgroups_path.map(Path::to_path_buf));
-    let mut resources = linux.resources().clone().unwrap_or_default();
-    let mem = (spec.resources.memory_mb * 1024 * 1024) as i64;
-    let build = |e: oci_spec::OciSpecError| BundleError::Build(e.to_string());
-    resources.set_memory(Some(
-        LinuxMemoryBuilder::default()
-            .limit(mem)
-            .swap(mem)
-            .build()
-            .map_err(build)?,
-    ));
-    resources.set_pids(Some(
-        LinuxPidsBuilder::default()
-            .limit(spec.resources.pids as i64)
-            .build()
-            .map_err(build)?,
-    ));
-    resources.set_cpu(Some(
-        LinuxCpuBuilder::default()
-            .quota((spec.resources.cpus * 100_000.0).round() as i64)
-            .period(100_000u64)
-            .build()
-            .map_err(build)?,
-    ));
+    // The limits come from the builder that also limits the cgroup; the
+    // rest of the base's resources (the device allow-list) is kept.
+    let resources = crate::cgroups::oci_resources(
+        linux.resources().clone().unwrap_or_default(),
+        &spec.resources,
+        true,
+    )
+    .map_err(|e| BundleError::Build(e.to_string()))?;
     linux.set_resources(Some(resources));
     if let Some(s) = seccomp {
         linux.set_seccomp(Some(s.clone()));
@@ -646,6 +629,29 @@ mod tests {
             assert!(!src.unwrap_or_default().starts_with("/data/"), "{m:?}");
         }
         assert_eq!(s.process().as_ref().unwrap().cwd(), Path::new(GUEST.home));
+    }
+
+    #[test]
+    fn limits_are_the_cgroup_builders_over_the_base_devices() {
+        let base = load_base(None).unwrap();
+        let s = build_spec(
+            &base,
+            &sspec(StorageMode::Ephemeral, None),
+            "g1",
+            &host(),
+            Path::new("/b/files"),
+            None,
+            None,
+        )
+        .unwrap();
+        let r = serde_json::to_value(s.linux().as_ref().unwrap().resources()).unwrap();
+        let mut expected =
+            serde_json::to_value(base.linux().as_ref().unwrap().resources()).unwrap();
+        expected["memory"] = serde_json::json!({"limit": 268435456, "swap": 268435456});
+        expected["pids"] = serde_json::json!({"limit": 64});
+        expected["cpu"] = serde_json::json!({"quota": 50000, "period": 100000});
+        assert_eq!(r, expected);
+        assert!(!r["devices"].as_array().unwrap().is_empty());
     }
 
     #[test]

@@ -10,23 +10,23 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use oci_spec::runtime::{LinuxSeccomp, Spec};
 use tracing::{info, warn};
 
 use super::{Backend, BackendError, Upstream};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
-use crate::model::{
-    new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
-};
+use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
+mod bundler;
+mod create;
+mod error;
 pub mod host;
 pub mod launch;
 pub mod netns;
@@ -36,37 +36,11 @@ pub mod reconcile;
 pub mod state;
 mod watch;
 
-use bundle::HostLayout;
+pub use bundler::{Bundler, HostPaths, Seccomp};
+pub use error::NativeError;
 use netns::NetnsDialer;
-use paths::PathError;
 use proc::ProcHandle;
 use state::{Phase, SandboxState, StateDir};
-
-/// The seccomp profile every bundle carries: its OCI form for the spec and
-/// the verbatim JSON written into `config.json`.
-#[derive(Clone)]
-pub struct Seccomp {
-    pub oci: LinuxSeccomp,
-    pub verbatim: serde_json::Value,
-}
-
-impl Seccomp {
-    /// Loads and compiles the configured (or embedded) profile; any error
-    /// stops the daemon's start-up (never a sandbox without its filter).
-    pub fn load(path: Option<&Path>) -> Result<Seccomp, BackendError> {
-        let (profile, _raw, filters) = crate::seccomp::load_and_compile(path)
-            .map_err(|e| internal(format!("seccomp profile: {e}")))?;
-        info!(
-            profile = %profile.source,
-            instructions = ?filters.instruction_counts(),
-            "seccomp profile compiled"
-        );
-        Ok(Seccomp {
-            oci: profile.to_oci().map_err(internal)?,
-            verbatim: profile.to_oci_value(),
-        })
-    }
-}
 
 /// A running sandbox as the daemon holds it.
 struct Live {
@@ -76,95 +50,53 @@ struct Live {
     cgroup: Option<Arc<SandboxCgroup>>,
 }
 
+/// The native backend. Cheap to clone, and every clone is the same
+/// backend (the settings are shared, as is the map of live sandboxes):
+/// blocking work runs on a clone moved to a blocking thread.
+#[derive(Clone)]
 pub struct NativeBackend {
     state: StateDir,
-    host: HostLayout,
-    base: Spec,
-    init_path: PathBuf,
-    seccomp: Seccomp,
-    cgroups: CgroupRoot,
+    bundler: Arc<Bundler>,
+    init_path: Arc<Path>,
+    cgroups: Arc<CgroupRoot>,
     dialer: NetnsDialer,
     /// Shared with the exit watchers ([`watch`]).
     live: Arc<Mutex<HashMap<String, Live>>>,
-}
-
-fn internal(e: impl std::fmt::Display) -> BackendError {
-    BackendError::Internal(e.to_string())
-}
-
-/// A binary shipped next to the running `sandboxd`.
-fn sibling_binary(name: &str) -> Result<PathBuf, BackendError> {
-    let exe = std::env::current_exe().map_err(internal)?;
-    let p = exe
-        .parent()
-        .map(|d| d.join(name))
-        .ok_or_else(|| internal("cannot locate the sandboxd binary"))?;
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(internal(format!(
-            "{name} not found at {} (set [native] {}_path)",
-            p.display(),
-            name.trim_start_matches("sandbox-")
-        )))
-    }
-}
-
-/// Creates (if needed) and canonicalizes an operator-configured root.
-fn prepare_root(path: &Path, sub: Option<&str>) -> Result<PathBuf, BackendError> {
-    let full = sub
-        .map(|s| path.join(s))
-        .unwrap_or_else(|| path.to_path_buf());
-    std::fs::create_dir_all(&full)
-        .map_err(|e| internal(format!("cannot create {}: {e}", full.display())))?;
-    std::fs::canonicalize(path).map_err(|e| internal(format!("{}: {e}", path.display())))
 }
 
 impl NativeBackend {
     /// Builds the backend from the configuration, then reconciles the
     /// state directory (adopts live sandboxes, cleans up the rest) before
     /// returning, so the API never serves a half-known node.
-    pub fn new(cfg: &Config) -> Result<NativeBackend, BackendError> {
-        let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
-        let agent_path = match &cfg.native.agent_path {
-            Some(p) => p.clone(),
-            None => sibling_binary("sandbox-agent")?,
-        };
+    pub fn new(cfg: &Config) -> Result<NativeBackend, NativeError> {
+        let bundler = Bundler::new(cfg, HostPaths::Prepare)?;
         let init_path = match &cfg.native.init_path {
             Some(p) => p.clone(),
-            None => sibling_binary("sandbox-init")?,
+            None => bundler::sibling_binary("sandbox-init", HostPaths::Prepare)?,
         };
-        let host = HostLayout {
-            user_data_root: prepare_root(&cfg.user_data_root, Some("shared"))?,
-            skills_root: prepare_root(&cfg.skills_root, None)?,
-            agent_path: std::fs::canonicalize(&agent_path)
-                .map_err(|e| internal(format!("{}: {e}", agent_path.display())))?,
-            rootfs_binds: HostLayout::resolve_binds(&cfg.native),
-            container_port: cfg.container_port,
-            limits: cfg.limits.clone(),
-        };
-        let base = bundle::load_base(cfg.native.base_spec.as_deref()).map_err(internal)?;
-        let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent).map_err(internal)?;
+        let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
         move_into_leaf_if_delegated(&cgroups)?;
         let state = StateDir::new(&cfg.state_dir);
-        std::fs::create_dir_all(state.root()).map_err(internal)?;
+        let root = state.root().to_path_buf();
+        std::fs::create_dir_all(&root).map_err(|source| NativeError::CreateStateDir {
+            path: root.clone(),
+            source,
+        })?;
         {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(state.root(), std::fs::Permissions::from_mode(0o700))
-                .map_err(internal)?;
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+                .map_err(|source| NativeError::StateDirMode { path: root, source })?;
         }
         // Sandboxes are re-parented to us when their launcher exits, so we
         // can reap them (the host's PID 1 may not).
-        nix::sys::prctl::set_child_subreaper(true).map_err(internal)?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(NativeError::Subreaper)?;
         host::tune(Path::new(host::INOTIFY_INSTANCES));
         let backend = NativeBackend {
             state,
-            host,
-            base,
-            init_path,
-            seccomp,
-            cgroups,
-            dialer: NetnsDialer::start().map_err(internal)?,
+            bundler: Arc::new(bundler),
+            init_path: init_path.into(),
+            cgroups: Arc::new(cgroups),
+            dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
             live: Arc::new(Mutex::new(HashMap::new())),
         };
         backend.reconcile();
@@ -190,58 +122,6 @@ impl NativeBackend {
         let id = l.record.sandbox_id.clone();
         watch::watch(&self.live, &id, &l.record.generation, l.handle.clone());
         self.live().insert(id, l);
-    }
-
-    /// Checks and prepares the host paths of a persistent sandbox. Nothing
-    /// is created unless every check passed.
-    fn prepare_user_paths(&self, spec: &SandboxSpec) -> Result<(), BackendError> {
-        if spec.identity.storage == StorageMode::Ephemeral {
-            return Ok(());
-        }
-        let uid = &spec.identity.uid;
-        let user_err = |what: &str, e: PathError| {
-            if e.is_user_error() {
-                BackendError::Invalid(format!("{what}: {e}"))
-            } else {
-                internal(format!("{what}: {e}"))
-            }
-        };
-        if let Some(w) = &spec.identity.workdir_path {
-            let full = self.host.workspace(uid).join(w);
-            paths::open_dir_nofollow(&full).map_err(|e| user_err("workdir_path", e))?;
-        }
-        let rel = sandbox_abi::layout::workspace_rel(uid);
-        paths::ensure_user_dirs(&self.host.user_data_root, &rel)
-            .map_err(|e| user_err("user data root", e))?;
-        paths::ensure_user_dirs(
-            &self.host.skills_root,
-            &sandbox_abi::layout::native_skills_rel(uid),
-        )
-        .map_err(|e| user_err("skills root", e))?;
-        Ok(())
-    }
-
-    /// Writes the bundle a create of `spec` would use into `dir`.
-    pub fn write_bundle_to(
-        &self,
-        spec: &SandboxSpec,
-        generation: &str,
-        dir: &Path,
-    ) -> Result<Spec, BackendError> {
-        let cgroup_path = self.cgroups.relative_path(&spec.sandbox_id);
-        let oci = bundle::build_spec(
-            &self.base,
-            spec,
-            generation,
-            &self.host,
-            &dir.join("files"),
-            Some(&cgroup_path),
-            Some(&self.seccomp.oci),
-        )
-        .map_err(internal)?;
-        let env = bundle::command_env(&self.base, spec);
-        bundle::write_bundle(dir, &oci, &env, Some(&self.seccomp.verbatim)).map_err(internal)?;
-        Ok(oci)
     }
 
     /// Kills what a failed or deleted incarnation left (its PID 1, then
@@ -289,126 +169,12 @@ impl NativeBackend {
         }
     }
 
-    fn blocking_create(
-        &self,
-        spec: &SandboxSpec,
-        timeout: Duration,
-    ) -> Result<SandboxRecord, BackendError> {
-        let id = spec.sandbox_id.clone();
-        self.prepare_user_paths(spec)?;
-        let generation = new_generation();
-        let dir = self.state.sandbox_dir(&id);
-        // A leftover directory of a dead incarnation (nothing live owns
-        // it: the lifecycle deleted any live one first).
-        self.state.remove(&id).map_err(internal)?;
-        std::fs::create_dir_all(&dir).map_err(internal)?;
-        let mut st = SandboxState {
-            sandbox_id: id.clone(),
-            generation: generation.clone(),
-            identity: spec.identity.clone(),
-            phase: Phase::Creating,
-            pid: None,
-            start_time: None,
-            cgroup: None,
-            resources: spec.resources,
-            created_at: unix_now(),
-        };
-        let fail = |e: BackendError, handle: Option<&ProcHandle>| {
-            self.destroy(&id, handle);
-            e
-        };
-        if let Err(e) = self.state.save(&st) {
-            return Err(fail(internal(e), None));
-        }
-        failpoint::hit(Point::CreateAfterState);
-        let cgroup = match self.cgroups.create(&id, &spec.resources) {
-            Ok(cg) => cg,
-            Err(e) => return Err(fail(internal(e), None)),
-        };
-        st.cgroup = Some(self.cgroups.relative_path(&id).display().to_string());
-        if let Err(e) = self.state.save(&st) {
-            return Err(fail(internal(e), None));
-        }
-        failpoint::hit(Point::CreateAfterCgroup);
-        let bundle_dir = self.state.bundle_dir(&id);
-        if let Err(e) = self.write_bundle_to(spec, &generation, &bundle_dir) {
-            return Err(fail(e, None));
-        }
-        failpoint::hit(Point::CreateAfterBundle);
-        let mut handle = None;
-        let mut save_err = None;
-        let r = launch::launch(
-            &self.init_path,
-            &bundle_dir,
-            &self.state.log_path(&id),
-            timeout,
-            &mut |pid| {
-                // Record the PID (and its start time) at once, before
-                // waiting for readiness: a crash from here on leaves a
-                // state.json naming the live process.
-                handle = ProcHandle::open(pid, None);
-                if let Some(h) = &handle {
-                    st.pid = Some(pid);
-                    st.start_time = Some(h.start_time);
-                    if let Err(e) = self.state.save(&st) {
-                        save_err = Some(e);
-                    }
-                    failpoint::hit(Point::CreateAfterPid);
-                } else {
-                    // It already exited: collect it, or it stays a zombie.
-                    proc::reap_if_zombie(pid);
-                }
-            },
-        );
-        if let Some(e) = save_err {
-            return Err(fail(internal(e), handle.as_ref()));
-        }
-        let pid = match r {
-            Ok(l) => l.pid,
-            Err(e) => {
-                let err = match e {
-                    launch::LaunchError::Timeout(t) => BackendError::HealthTimeout(t),
-                    e => internal(e),
-                };
-                return Err(fail(err, handle.as_ref()));
-            }
-        };
-        let Some(handle) = handle else {
-            return Err(fail(
-                internal("sandbox exited right after it started"),
-                None,
-            ));
-        };
-        let netns = match handle.open_netns() {
-            Ok(fd) => Arc::new(fd),
-            Err(e) => return Err(fail(internal(format!("open netns: {e}")), Some(&handle))),
-        };
-        failpoint::hit(Point::CreateAfterLaunch);
-        st.phase = Phase::Running;
-        st.pid = Some(pid);
-        st.start_time = Some(handle.start_time);
-        if let Err(e) = self.state.save(&st) {
-            return Err(fail(internal(e), Some(&handle)));
-        }
-        failpoint::hit(Point::CreateAfterRunning);
-        let record = record_of(&st, SandboxStatus::Running);
-        self.track(Live {
-            record: record.clone(),
-            handle: Arc::new(handle),
-            netns,
-            cgroup: Some(Arc::new(cgroup)),
-        });
-        Ok(record)
-    }
-
-    fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), BackendError> {
+    fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), NativeError> {
         let live = self.live().remove(id);
         match live {
             Some(l) if l.record.generation != generation => {
                 self.live().insert(id.to_string(), l);
-                Err(BackendError::Conflict(format!(
-                    "sandbox {id} is at another generation"
-                )))
+                Err(NativeError::OtherGeneration { id: id.to_string() })
             }
             Some(l) => {
                 if let Ok(Some(mut st)) = self.state.load(id) {
@@ -438,7 +204,7 @@ impl NativeBackend {
 /// for its children. When the sandboxes' parent lies inside the daemon's
 /// own cgroup (systemd `Delegate=yes` with `cgroup_parent` under the
 /// service's cgroup), the daemon first moves itself into a `daemon` leaf.
-fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), BackendError> {
+fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), NativeError> {
     if cgroups.layout() != crate::cgroups::Layout::V2 {
         return Ok(());
     }
@@ -449,7 +215,7 @@ fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), BackendError>
     let parent = cgroups.relative_path("x");
     let parent = parent.parent().unwrap_or(Path::new("/"));
     if own != "/" && parent.starts_with(own) {
-        let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon").map_err(internal)?;
+        let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon")?;
         info!(
             ?service,
             "moved the daemon into the leaf cgroup `daemon` of its delegated subtree"
@@ -471,19 +237,13 @@ fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
 
 /// Runs blocking backend work off the async runtime.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
-) -> Result<T, BackendError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| internal(format!("worker failed: {e}")))?
+    f: impl FnOnce() -> Result<T, NativeError> + Send + 'static,
+) -> Result<T, NativeError> {
+    tokio::task::spawn_blocking(f).await?
 }
 
-/// The backend is shared as `Arc<NativeBackend>`; the trait is implemented
-/// on a thin wrapper so blocking work can own a reference.
-pub struct Native(pub Arc<NativeBackend>);
-
 #[async_trait]
-impl Backend for Native {
+impl Backend for NativeBackend {
     fn name(&self) -> &'static str {
         "native"
     }
@@ -493,14 +253,13 @@ impl Backend for Native {
         spec: &SandboxSpec,
         health_timeout: Duration,
     ) -> Result<SandboxRecord, BackendError> {
-        let b = self.0.clone();
+        let b = self.clone();
         let spec = spec.clone();
-        blocking(move || b.blocking_create(&spec, health_timeout)).await
+        Ok(blocking(move || b.blocking_create(&spec, health_timeout)).await?)
     }
 
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
         Ok(self
-            .0
             .live()
             .values()
             .map(|l| {
@@ -514,7 +273,7 @@ impl Backend for Native {
     }
 
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
-        match self.0.live().get(&record.sandbox_id) {
+        match self.live().get(&record.sandbox_id) {
             Some(l) if l.record.generation == record.generation && !l.handle.exited() => {
                 SandboxStatus::Running
             }
@@ -525,7 +284,7 @@ impl Backend for Native {
     async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
         let mut r = record.clone();
         r.status = self.status(record).await;
-        if let Some(l) = self.0.live().get(&record.sandbox_id) {
+        if let Some(l) = self.live().get(&record.sandbox_id) {
             if l.record.generation == record.generation {
                 if let Some(cg) = &l.cgroup {
                     if cg.oom_kills() > 0 {
@@ -538,31 +297,28 @@ impl Backend for Native {
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
-        let b = self.0.clone();
+        let b = self.clone();
         let (id, g) = (sandbox_id.to_string(), generation.to_string());
-        blocking(move || b.blocking_delete(&id, &g)).await
+        Ok(blocking(move || b.blocking_delete(&id, &g)).await?)
     }
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
-        let netns = match self.0.live().get(&record.sandbox_id) {
+        let netns = match self.live().get(&record.sandbox_id) {
             Some(l) if l.record.generation == record.generation => l.netns.clone(),
             _ => {
-                return Err(BackendError::Unreachable(format!(
-                    "sandbox {} is not running",
-                    record.sandbox_id
-                )))
+                let id = record.sandbox_id.clone();
+                return Err(NativeError::NotRunning { id }.into());
             }
         };
         let addr = SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::LOCALHOST,
-            self.0.host.container_port,
+            self.bundler.host().container_port,
         ));
-        let stream = self
-            .0
-            .dialer
-            .connect(netns, addr)
-            .await
-            .map_err(|e| BackendError::Unreachable(e.to_string()))?;
+        let dial = |source| NativeError::Dial {
+            id: record.sandbox_id.clone(),
+            source,
+        };
+        let stream = self.dialer.connect(netns, addr).await.map_err(dial)?;
         Ok(Upstream { stream })
     }
 }

@@ -1,0 +1,171 @@
+//! What every bundle of this node is built from, resolved once from the
+//! configuration: the host layout, the base spec, the seccomp profile and
+//! the cgroup parent. The daemon makes its [`Bundler`] at start-up
+//! ([`HostPaths::Prepare`]) and writes each create's bundle with
+//! [`Bundler::write_bundle_to`]; `sandboxd bundle` makes one the same way
+//! without creating or checking anything on the host
+//! ([`HostPaths::Untouched`]) and writes with the same function.
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{LinuxSeccomp, Spec};
+use tracing::info;
+
+use super::bundle::{self, HostLayout};
+use super::NativeError;
+use crate::cgroups::CgroupParent;
+use crate::config::Config;
+use crate::model::SandboxSpec;
+
+/// The seccomp profile every bundle carries: its OCI form for the spec and
+/// the verbatim JSON written into `config.json`.
+#[derive(Clone)]
+pub struct Seccomp {
+    pub oci: LinuxSeccomp,
+    pub verbatim: serde_json::Value,
+}
+
+impl Seccomp {
+    /// Loads and compiles the configured (or embedded) profile; any error
+    /// stops the daemon's start-up (never a sandbox without its filter).
+    pub fn load(path: Option<&Path>) -> Result<Seccomp, NativeError> {
+        let (profile, _raw, filters) = crate::seccomp::load_and_compile(path)?;
+        info!(
+            profile = %profile.source,
+            instructions = ?filters.instruction_counts(),
+            "seccomp profile compiled"
+        );
+        Ok(Seccomp {
+            oci: profile.to_oci()?,
+            verbatim: profile.to_oci_value(),
+        })
+    }
+}
+
+/// What resolving the host paths may do to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPaths {
+    /// The daemon: the user-data root (with `shared/`) and the skills root
+    /// are created if missing, and every path must resolve (a missing
+    /// agent is an error).
+    Prepare,
+    /// `sandboxd bundle`: nothing is created or checked; a path that
+    /// resolves is canonicalized, any other is used as configured.
+    Untouched,
+}
+
+/// Builds and writes the bundles of this node.
+pub struct Bundler {
+    host: HostLayout,
+    base: Spec,
+    seccomp: Seccomp,
+    cgroup_parent: CgroupParent,
+}
+
+impl Bundler {
+    /// Loads the seccomp profile (first: nothing else matters without it),
+    /// resolves the host layout, loads the base spec and checks the cgroup
+    /// parent.
+    pub fn new(cfg: &Config, paths: HostPaths) -> Result<Bundler, NativeError> {
+        let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
+        let host = host_layout(cfg, paths)?;
+        let base = bundle::load_base(cfg.native.base_spec.as_deref())?;
+        let cgroup_parent = CgroupParent::new(&cfg.native.cgroup_parent)?;
+        Ok(Bundler {
+            host,
+            base,
+            seccomp,
+            cgroup_parent,
+        })
+    }
+
+    pub fn host(&self) -> &HostLayout {
+        &self.host
+    }
+
+    /// Writes the bundle of `spec` at `generation` into `dir`: the one
+    /// function both a create and `sandboxd bundle` write bundles with.
+    pub fn write_bundle_to(
+        &self,
+        spec: &SandboxSpec,
+        generation: &str,
+        dir: &Path,
+    ) -> Result<Spec, NativeError> {
+        let cgroup_path = self.cgroup_parent.relative_path(&spec.sandbox_id);
+        let oci = bundle::build_spec(
+            &self.base,
+            spec,
+            generation,
+            &self.host,
+            &dir.join("files"),
+            Some(&cgroup_path),
+            Some(&self.seccomp.oci),
+        )?;
+        let env = bundle::command_env(&self.base, spec);
+        bundle::write_bundle(dir, &oci, &env, Some(&self.seccomp.verbatim))?;
+        Ok(oci)
+    }
+}
+
+/// The host layout from the configuration (see [`HostPaths`]).
+fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError> {
+    let agent = match &cfg.native.agent_path {
+        Some(p) => p.clone(),
+        None => sibling_binary("sandbox-agent", paths)?,
+    };
+    let (user_data_root, skills_root, agent_path) = match paths {
+        HostPaths::Prepare => (
+            prepare_root(&cfg.user_data_root, Some("shared"))?,
+            prepare_root(&cfg.skills_root, None)?,
+            resolve(&agent)?,
+        ),
+        HostPaths::Untouched => (
+            resolve_or_keep(&cfg.user_data_root),
+            resolve_or_keep(&cfg.skills_root),
+            resolve_or_keep(&agent),
+        ),
+    };
+    Ok(HostLayout {
+        user_data_root,
+        skills_root,
+        agent_path,
+        rootfs_binds: HostLayout::resolve_binds(&cfg.native),
+        container_port: cfg.container_port,
+        limits: cfg.limits.clone(),
+    })
+}
+
+/// A binary shipped next to the running `sandboxd`; with
+/// [`HostPaths::Prepare`] it must be there.
+pub(super) fn sibling_binary(name: &'static str, paths: HostPaths) -> Result<PathBuf, NativeError> {
+    let path = std::env::current_exe()
+        .map_err(NativeError::CurrentExe)?
+        .with_file_name(name);
+    if paths == HostPaths::Untouched || path.is_file() {
+        Ok(path)
+    } else {
+        Err(NativeError::MissingBinary { name, path })
+    }
+}
+
+/// `canonicalize`, naming the path in its error.
+fn resolve(path: &Path) -> Result<PathBuf, NativeError> {
+    std::fs::canonicalize(path).map_err(|source| NativeError::Resolve {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn resolve_or_keep(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Creates (if needed) and canonicalizes an operator-configured root.
+fn prepare_root(path: &Path, sub: Option<&str>) -> Result<PathBuf, NativeError> {
+    let full = sub
+        .map(|s| path.join(s))
+        .unwrap_or_else(|| path.to_path_buf());
+    std::fs::create_dir_all(&full)
+        .map_err(|source| NativeError::CreateRoot { path: full, source })?;
+    resolve(path)
+}

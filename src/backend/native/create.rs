@@ -1,0 +1,162 @@
+//! Creating a sandbox, daemon side (on a blocking thread): host paths,
+//! `state.json`, cgroup, bundle, launch, then tracking. Whatever a failed
+//! create made is destroyed by a [`CreateGuard`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::proc::{self, ProcHandle};
+use super::state::{Phase, SandboxState};
+use super::{launch, paths, record_of, Live, NativeBackend, NativeError};
+use crate::model::{
+    new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
+};
+use sandbox_abi::failpoint::{self, Point};
+
+/// What a create has made so far. Dropped without [`commit`](Self::commit)
+/// (any error, or a panic, after the first `state.json`), it destroys all
+/// of it: PID 1 through its pidfd when the launcher reported it, every
+/// process of the sandbox's cgroup, the cgroup, the sandbox's directory.
+struct CreateGuard<'a> {
+    backend: &'a NativeBackend,
+    id: &'a str,
+    /// PID 1, once the launcher reported it and it was still alive.
+    handle: Option<Arc<ProcHandle>>,
+    committed: bool,
+}
+
+impl<'a> CreateGuard<'a> {
+    fn new(backend: &'a NativeBackend, id: &'a str) -> Self {
+        CreateGuard {
+            backend,
+            id,
+            handle: None,
+            committed: false,
+        }
+    }
+
+    /// The create succeeded: keep everything.
+    fn commit(mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for CreateGuard<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.backend.destroy(self.id, self.handle.as_deref());
+        }
+    }
+}
+
+impl NativeBackend {
+    /// Checks and prepares the host paths of a persistent sandbox. Nothing
+    /// is created unless every check passed.
+    fn prepare_user_paths(&self, spec: &SandboxSpec) -> Result<(), NativeError> {
+        if spec.identity.storage == StorageMode::Ephemeral {
+            return Ok(());
+        }
+        let uid = &spec.identity.uid;
+        let host = self.bundler.host();
+        if let Some(w) = &spec.identity.workdir_path {
+            let full = host.workspace(uid).join(w);
+            paths::open_dir_nofollow(&full).map_err(NativeError::Workdir)?;
+        }
+        let rel = sandbox_abi::layout::workspace_rel(uid);
+        paths::ensure_user_dirs(&host.user_data_root, &rel).map_err(NativeError::UserDataDir)?;
+        let rel = sandbox_abi::layout::native_skills_rel(uid);
+        paths::ensure_user_dirs(&host.skills_root, &rel).map_err(NativeError::SkillsDir)?;
+        Ok(())
+    }
+
+    pub(super) fn blocking_create(
+        &self,
+        spec: &SandboxSpec,
+        timeout: Duration,
+    ) -> Result<SandboxRecord, NativeError> {
+        let id = spec.sandbox_id.as_str();
+        self.prepare_user_paths(spec)?;
+        let generation = new_generation();
+        let dir = self.state.sandbox_dir(id);
+        // A leftover directory of a dead incarnation (nothing live owns
+        // it: the lifecycle deleted any live one first).
+        self.state.remove(id)?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|source| NativeError::CreateSandboxDir { path: dir, source })?;
+        let mut st = SandboxState {
+            sandbox_id: id.to_string(),
+            generation: generation.clone(),
+            identity: spec.identity.clone(),
+            phase: Phase::Creating,
+            pid: None,
+            start_time: None,
+            cgroup: None,
+            resources: spec.resources,
+            created_at: unix_now(),
+        };
+        let mut made = CreateGuard::new(self, id);
+        self.state.save(&st)?;
+        failpoint::hit(Point::CreateAfterState);
+        let cgroup = self.cgroups.create(id, &spec.resources)?;
+        st.cgroup = Some(self.cgroups.relative_path(id).display().to_string());
+        self.state.save(&st)?;
+        failpoint::hit(Point::CreateAfterCgroup);
+        let bundle_dir = self.state.bundle_dir(id);
+        self.bundler
+            .write_bundle_to(spec, &generation, &bundle_dir)?;
+        failpoint::hit(Point::CreateAfterBundle);
+        let mut save_err = None;
+        let launched = launch::launch(
+            &self.init_path,
+            &bundle_dir,
+            &self.state.log_path(id),
+            timeout,
+            &mut |pid| {
+                // Record the PID (and its start time) at once, before
+                // waiting for readiness: a crash from here on leaves a
+                // state.json naming the live process.
+                made.handle = ProcHandle::open(pid, None).map(Arc::new);
+                if let Some(h) = &made.handle {
+                    st.pid = Some(pid);
+                    st.start_time = Some(h.start_time);
+                    if let Err(e) = self.state.save(&st) {
+                        save_err = Some(e);
+                    }
+                    failpoint::hit(Point::CreateAfterPid);
+                } else {
+                    // It already exited: collect it, or it stays a zombie.
+                    proc::reap_if_zombie(pid);
+                }
+            },
+        );
+        if let Some(e) = save_err {
+            return Err(e.into());
+        }
+        let pid = launched?.pid;
+        let Some(handle) = made.handle.clone() else {
+            return Err(NativeError::ExitedAtStart { id: id.to_string() });
+        };
+        let netns = handle
+            .open_netns()
+            .map_err(|source| NativeError::OpenNetns {
+                id: id.to_string(),
+                pid,
+                source,
+            })?;
+        failpoint::hit(Point::CreateAfterLaunch);
+        st.phase = Phase::Running;
+        st.pid = Some(pid);
+        st.start_time = Some(handle.start_time);
+        self.state.save(&st)?;
+        failpoint::hit(Point::CreateAfterRunning);
+        made.commit();
+        let record = record_of(&st, SandboxStatus::Running);
+        self.track(Live {
+            record: record.clone(),
+            handle,
+            netns: Arc::new(netns),
+            cgroup: Some(Arc::new(cgroup)),
+        });
+        Ok(record)
+    }
+}
