@@ -278,8 +278,9 @@ impl Exec {
             cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
         }
         let score = command_oom_score();
-        // SAFETY: the hook only calls open/write/close (async-signal-safe)
-        // on a static path and a copied buffer, and allocates nothing.
+        // SAFETY: the hook only calls prctl/open/write/close
+        // (async-signal-safe) on a static path and a copied buffer, and
+        // allocates nothing.
         unsafe { cmd.pre_exec(move || set_oom_score(score)) };
         let (pid, exit_rx) = self.reaper.spawn(&mut cmd).map_err(ExecError::Spawn)?;
         // Dropping the Command closes our copies of the write end, so EOF
@@ -329,6 +330,14 @@ fn command_score(own: i32) -> i32 {
 /// score and must not fail the command.
 fn set_oom_score((buf, len): ([u8; 8], usize)) -> std::io::Result<()> {
     const PATH: &std::ffi::CStr = c"/proc/self/oom_score_adj";
+    // The agent is not dumpable (see main), and a forked child inherits
+    // that: its /proc/self files belong to root until its exec makes it
+    // dumpable again, so the write below would fail. Become dumpable now;
+    // for the few instructions until exec this copy of the agent is
+    // readable by the sandbox's own processes, which run the command that
+    // is about to replace it anyway.
+    // SAFETY: prctl is a plain syscall (async-signal-safe) on this process.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
     // SAFETY: `PATH` is a NUL-terminated static string; the fd returned is
     // checked before use.
     let fd = unsafe { libc::open(PATH.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
