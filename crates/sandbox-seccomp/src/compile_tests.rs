@@ -16,10 +16,10 @@ fn err_of(raw: &str) -> String {
 const HEAD: &str = r#"{"defaultAction":"SCMP_ACT_ERRNO","defaultErrnoRet":38,"architectures":["SCMP_ARCH_X86_64"],"syscalls":["#;
 
 #[test]
-fn default_profile_compiles_to_allow_list_then_eperm_filter() {
+fn default_profile_compiles_to_allow_list_then_one_filter_per_errno() {
     let (p, _) = load_profile(None).unwrap();
     let c = compile(&p).unwrap();
-    assert_eq!(c.filters.len(), 2);
+    assert_eq!(c.filters.len(), 4);
     assert_eq!(c.filters[0].match_action, Action::Allow);
     assert_eq!(
         c.filters[0].mismatch_action,
@@ -27,6 +27,16 @@ fn default_profile_compiles_to_allow_list_then_eperm_filter() {
     );
     assert_eq!(c.filters[1].match_action, Action::Errno(libc::EPERM as u32));
     assert_eq!(c.filters[1].mismatch_action, Action::Allow);
+    // socket()/socketpair() families, then protocols: the errnos of a
+    // kernel without them.
+    assert_eq!(
+        c.filters[2].match_action,
+        Action::Errno(libc::EAFNOSUPPORT as u32)
+    );
+    assert_eq!(
+        c.filters[3].match_action,
+        Action::Errno(libc::EPROTONOSUPPORT as u32)
+    );
     for n in c.instruction_counts() {
         assert!(n > 10 && n <= MAX_INSTRUCTIONS, "{n}");
     }

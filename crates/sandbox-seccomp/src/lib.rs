@@ -137,7 +137,11 @@ mod tests {
         let (profile, raw, filters) = load_and_compile(None).unwrap();
         assert_eq!(raw, DEFAULT_PROFILE);
         assert_eq!(profile.source, DEFAULT_PROFILE_NAME);
-        assert_eq!(filters.filters.len(), 2, "allow-list + EPERM deny filter");
+        assert_eq!(
+            filters.filters.len(),
+            4,
+            "allow-list + EPERM, EAFNOSUPPORT and EPROTONOSUPPORT deny filters"
+        );
         for f in &filters.filters {
             assert!(f.program.len() < 4096, "{} too large", f.name);
         }
