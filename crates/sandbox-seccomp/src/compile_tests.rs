@@ -188,3 +188,46 @@ fn installed_filters_give_the_exact_errnos_in_a_child() {
         }
     }
 }
+
+/// Foreign ABIs in a forked child under the default filters: an x32 number
+/// (`__X32_SYSCALL_BIT | getpid`) kills the process with SIGSYS, as the
+/// architecture check does for i386, rather than returning ENOSYS.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn an_x32_syscall_kills_the_process() {
+    let (p, _) = load_profile(None).unwrap();
+    let filters = compile(&p).unwrap();
+    // SAFETY: the child only makes raw syscalls (prctl, seccomp, one x32
+    // number) and leaves with _exit; it allocates nothing and takes no
+    // locks, so forking from the multi-threaded test harness is sound.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            let code = if nix::sys::prctl::set_no_new_privs().is_err() || install(&filters).is_err()
+            {
+                10
+            } else {
+                // SAFETY: a raw syscall without arguments.
+                let r = unsafe {
+                    libc::syscall(libc::c_long::from(abi::X32_SYSCALL_BIT) | libc::SYS_getpid)
+                };
+                if r == -1 {
+                    20
+                } else {
+                    21
+                }
+            };
+            // SAFETY: _exit is async-signal-safe and ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert!(
+                matches!(
+                    status,
+                    nix::sys::wait::WaitStatus::Signaled(_, nix::sys::signal::Signal::SIGSYS, _)
+                ),
+                "{status:?} (exit 20: ENOSYS, not killed)"
+            );
+        }
+    }
+}
