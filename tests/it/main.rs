@@ -39,3 +39,4 @@ mod seccomp_probe;
 mod seccomp_runc;
 mod seccomp_workloads;
 mod systemd;
+mod systemd_seccomp;
