@@ -29,6 +29,7 @@ mod kube_golden;
 mod native;
 mod native_cgroups;
 mod native_client;
+mod native_devices;
 mod native_durability;
 mod native_isolation;
 mod native_runc;
