@@ -35,12 +35,13 @@ async fn isolation_seen_from_inside() {
         );
     }
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
-    // Filter mode, two stacked filters (allow-list + EPERM deny list).
+    // Filter mode, four stacked filters (allow-list, then the EPERM,
+    // EAFNOSUPPORT and EPROTONOSUPPORT deny filters).
     assert!(out.contains("Seccomp:\t2"), "{out}");
     let (out, _) = d
         .exec("iso", "grep Seccomp_filters /proc/self/status")
         .await;
-    assert_eq!(out, "Seccomp_filters:\t2\n");
+    assert_eq!(out, "Seccomp_filters:\t4\n");
 
     // Only loopback.
     let (out, _) = d

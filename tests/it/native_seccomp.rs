@@ -110,12 +110,13 @@ async fn probe_passes_inside_a_real_sandbox() {
     assert_eq!(rc, "rc=0\n", "the probe failed inside the sandbox");
     let checks = assert_default_profile_enforced(&text);
     eprintln!("seccomp probe inside a native sandbox: {checks} checks, 0 failures");
-    // What the probe ran under is sandbox-init's filter pair (allow-list
-    // plus EPERM deny list), inherited by every exec.
+    // What the probe ran under is sandbox-init's stack (allow-list, then
+    // the EPERM, EAFNOSUPPORT and EPROTONOSUPPORT filters), inherited by
+    // every exec.
     let (out, _) = d
         .exec("probe", "grep -E '^Seccomp(_filters)?:' /proc/self/status")
         .await;
-    assert_eq!(out, "Seccomp:\t2\nSeccomp_filters:\t2\n");
+    assert_eq!(out, "Seccomp:\t2\nSeccomp_filters:\t4\n");
 }
 
 #[tokio::test]

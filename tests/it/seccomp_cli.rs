@@ -51,6 +51,8 @@ fn diff_against_docker_we_allow_they_deny_is_empty() {
         "process_vm_writev",
         "modify_ldt",
         "ioctl",
+        "socket",
+        "socketpair",
     ] {
         assert!(
             stricter.contains(name),
@@ -118,6 +120,8 @@ fn check_passes_and_counts_instructions() {
         "{text}"
     );
     assert!(text.contains("filter deny (EPERM):"), "{text}");
+    assert!(text.contains("filter deny (EAFNOSUPPORT):"), "{text}");
+    assert!(text.contains("filter deny (EPROTONOSUPPORT):"), "{text}");
     assert!(text.contains("0 problem(s)"), "{text}");
 }
 

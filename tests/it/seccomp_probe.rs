@@ -87,3 +87,54 @@ fn probe_refuses_to_run_without_a_filter() {
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("FAIL gate"), "{text}");
 }
+
+#[test]
+fn ping_sockets_work_where_ping_group_range_allows_them() {
+    // The filter allows ping sockets; whether the kernel grants one depends
+    // on net.ipv4.ping_group_range (default "1 0": nobody, hence EACCES in
+    // the other runs). In a network namespace of its own, where the range
+    // covers every group, the probe must get the socket. Root only (a new
+    // network namespace); the host's own setting is not touched.
+    if !nix::unistd::Uid::effective().is_root() {
+        if std::env::var_os("CI").is_some() {
+            panic!("ping_sockets_work_where_ping_group_range_allows_them needs root under CI");
+        }
+        eprintln!(
+            "\n*** SKIPPED ping_sockets_work_where_ping_group_range_allows_them: needs root ***\n"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(probe) = build_probe(dir.path()) else {
+        return;
+    };
+    let list = write_expectations(dir.path(), None);
+    let o = Command::new("unshare")
+        .args(["--net", "--", "sh", "-c"])
+        .arg(
+            "echo '0 2147483647' > /proc/sys/net/ipv4/ping_group_range && \
+             exec \"$0\" seccomp run -- \"$1\" \"$2\"",
+        )
+        .arg(SANDBOXD)
+        .arg(&probe)
+        .arg(&list)
+        .output()
+        .expect("run unshare");
+    let text = String::from_utf8_lossy(&o.stdout);
+    println!("{text}");
+    eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "probe reported failures");
+    for family in [
+        "AF_INET, SOCK_DGRAM, IPPROTO_ICMP",
+        "AF_INET6, SOCK_DGRAM, IPPROTO_ICMPV6",
+    ] {
+        let prefix = format!("ok arg socket({family}) allowed (ping socket) ret=");
+        let line = text.lines().find(|l| l.starts_with(&prefix));
+        assert!(
+            line.is_some_and(|l| !l.starts_with(&format!("{prefix}-1"))
+                && l.ends_with("want=success (ping_group_range includes our group)")),
+            "no ping socket for {family}:\n{text}"
+        );
+    }
+    assert_default_profile_enforced(&text);
+}

@@ -8,12 +8,15 @@
 //! freezing, removal, pid listing). This module adds what it lacks: layout
 //! detection that also works on a fake tree, creating the cgroup before any
 //! task joins it, `memory.swap.max = 0` on v2, `cgroup.kill`, OOM counters,
-//! reading limits back, and listing/removing orphans.
+//! reading limits back, listing/removing orphans, and the device allow-list
+//! on v1 ([`devices`]; libcgroups' own v1 devices code always adds runc's
+//! defaults, such as `mknod` of any device and `/dev/net/tun`).
 //!
 //! It must not touch anything outside the parent cgroup, except enabling
 //! controllers in the ancestors' `cgroup.subtree_control` (v2) and moving the
 //! daemon itself into a leaf ([`move_self_to_leaf`]).
 
+pub mod devices;
 mod files;
 mod layout;
 mod leaf;
@@ -134,6 +137,8 @@ pub enum CgroupError {
         "{op} needs libcgroups' v1 manager, which only works on {DEFAULT_FS_ROOT} (root is {root})"
     )]
     V1NeedsRealRoot { op: &'static str, root: PathBuf },
+    #[error("invalid device rule {rule:?} in linux.resources.devices: {reason}")]
+    BadDeviceRule { rule: String, reason: &'static str },
     #[error("cannot move the daemon into leaf cgroup {path}: {source}")]
     MoveSelf {
         path: PathBuf,

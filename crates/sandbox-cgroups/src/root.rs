@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::{Component, Path, PathBuf};
 
 use libcgroups::common::{AnyCgroupManager, AnyManagerError};
+use oci_spec::runtime::LinuxDeviceCgroup;
 
 use super::files;
 use super::layout::{assumed_mounts, parse_layout, Layout, Mounts};
@@ -54,6 +55,9 @@ pub struct CgroupRoot {
     mounts: Mounts,
     /// Relative to each hierarchy's root, without a leading `/`.
     parent: PathBuf,
+    /// The device allow-list every sandbox's cgroup gets (v1 only); `None`:
+    /// the devices cgroup is left as the parent has it.
+    devices: Option<Vec<LinuxDeviceCgroup>>,
 }
 
 impl CgroupRoot {
@@ -81,7 +85,24 @@ impl CgroupRoot {
             fs_root,
             mounts,
             parent: parent_path,
+            devices: None,
         })
+    }
+
+    /// Every sandbox cgroup [`create`](Self::create) makes from now on
+    /// allows exactly the devices `rules` allow (OCI
+    /// `linux.resources.devices`, applied in order over an empty list), on
+    /// v1 and hybrid hosts; see [`enforces_devices`](Self::enforces_devices).
+    pub fn with_device_rules(mut self, rules: Vec<LinuxDeviceCgroup>) -> Self {
+        self.devices = Some(rules);
+        self
+    }
+
+    /// Whether device rules are enforced on this host: v1 and hybrid (the
+    /// `devices` controller). On pure v2 the kernel would need a BPF device
+    /// program, which is not implemented.
+    pub fn enforces_devices(&self) -> bool {
+        self.mounts.layout.uses_v1()
     }
 
     /// A root over a (fake) tree at `fs_root`: v2 files directly in it, v1
@@ -96,6 +117,7 @@ impl CgroupRoot {
             fs_root: fs_root.to_path_buf(),
             mounts: assumed_mounts(fs_root, layout),
             parent,
+            devices: None,
         }
     }
 
@@ -128,7 +150,14 @@ impl CgroupRoot {
             Layout::V1 | Layout::Hybrid => self.create_v1(&rel)?,
         }
         let cg = self.sandbox(sandbox_id)?;
-        if let Err(e) = cg.apply(res) {
+        let devices = match (&self.devices, self.enforces_devices()) {
+            (Some(rules), true) => Some(rules.as_slice()),
+            _ => None,
+        };
+        let applied = cg
+            .apply(res)
+            .and_then(|()| devices.map_or(Ok(()), |rules| cg.apply_devices(rules)));
+        if let Err(e) = applied {
             // Nothing runs in it yet: do not leave a half-made cgroup.
             let cleanup = self.sandbox(sandbox_id).and_then(SandboxCgroup::remove);
             if let Err(c) = cleanup {

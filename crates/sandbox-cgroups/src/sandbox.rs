@@ -252,6 +252,24 @@ impl SandboxCgroup {
         Ok(())
     }
 
+    /// Makes the v1 devices cgroup allow exactly `rules` (see
+    /// [`devices`](super::devices)). Runs after libcgroups' `apply`, whose
+    /// v1 devices code adds runc's default allowances: the leading deny-all
+    /// drops them. Call before any process joins.
+    pub(crate) fn apply_devices(
+        &self,
+        rules: &[oci_spec::runtime::LinuxDeviceCgroup],
+    ) -> Result<(), CgroupError> {
+        let dir = self
+            .dirs
+            .get("devices")
+            .ok_or_else(|| CgroupError::MissingController {
+                controller: "devices".into(),
+                path: self.fs_root.clone(),
+            })?;
+        super::devices::apply_v1(dir, rules)
+    }
+
     fn freeze(&self, state: FreezerState) -> Result<(), CgroupError> {
         self.manager("freeze")?
             .freeze(state)

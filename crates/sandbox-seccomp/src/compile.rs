@@ -13,6 +13,10 @@
 //! filters are installed after the allow-list: a deliberately denied syscall
 //! gets EPERM (deny filter) rather than ENOSYS (allow-list default).
 //!
+//! Foreign ABIs are killed (SIGSYS, the whole process): i386 by the
+//! architecture check seccompiler puts first in every filter, x32 by the
+//! check [`abi::kill_x32`] adds to the first filter.
+//!
 //! Rules mean what libseccomp (runc) makes of the same profile: 64-bit
 //! comparisons, an entry's `args` ANDed, entries ORed. Profiles that the two
 //! would read differently are refused: an unconditional and a conditional
@@ -29,7 +33,7 @@ use seccompiler::{
 };
 
 use super::profile::{Action, ArgCondition, CmpOp, Profile};
-use super::{syscalls, SeccompError};
+use super::{abi, syscalls, SeccompError};
 
 /// The kernel's limit on one BPF program (`BPF_MAXINSNS`).
 pub const MAX_INSTRUCTIONS: usize = 4096;
@@ -301,9 +305,19 @@ pub fn compile(profile: &Profile) -> Result<CompiledFilters, SeccompError> {
             source,
         })?;
         let program = match BpfProgram::try_from(filter) {
-            Ok(p) if p.len() <= MAX_INSTRUCTIONS => p,
-            Ok(p) => {
-                return Err(too_large(file, &name, p.len()));
+            Ok(mut p) => {
+                // The first filter of the stack also kills the x32 ABI
+                // (the architecture check already kills i386).
+                if filters.is_empty() && !abi::kill_x32(&mut p) {
+                    return Err(SeccompError::NoArchCheck {
+                        file: file.clone(),
+                        filter: name,
+                    });
+                }
+                if p.len() > MAX_INSTRUCTIONS {
+                    return Err(too_large(file, &name, p.len()));
+                }
+                p
             }
             Err(seccompiler::BackendError::FilterTooLarge(n)) => {
                 return Err(too_large(file, &name, n));

@@ -16,10 +16,10 @@ fn err_of(raw: &str) -> String {
 const HEAD: &str = r#"{"defaultAction":"SCMP_ACT_ERRNO","defaultErrnoRet":38,"architectures":["SCMP_ARCH_X86_64"],"syscalls":["#;
 
 #[test]
-fn default_profile_compiles_to_allow_list_then_eperm_filter() {
+fn default_profile_compiles_to_allow_list_then_one_filter_per_errno() {
     let (p, _) = load_profile(None).unwrap();
     let c = compile(&p).unwrap();
-    assert_eq!(c.filters.len(), 2);
+    assert_eq!(c.filters.len(), 4);
     assert_eq!(c.filters[0].match_action, Action::Allow);
     assert_eq!(
         c.filters[0].mismatch_action,
@@ -27,6 +27,16 @@ fn default_profile_compiles_to_allow_list_then_eperm_filter() {
     );
     assert_eq!(c.filters[1].match_action, Action::Errno(libc::EPERM as u32));
     assert_eq!(c.filters[1].mismatch_action, Action::Allow);
+    // socket()/socketpair() families, then protocols: the errnos of a
+    // kernel without them.
+    assert_eq!(
+        c.filters[2].match_action,
+        Action::Errno(libc::EAFNOSUPPORT as u32)
+    );
+    assert_eq!(
+        c.filters[3].match_action,
+        Action::Errno(libc::EPROTONOSUPPORT as u32)
+    );
     for n in c.instruction_counts() {
         assert!(n > 10 && n <= MAX_INSTRUCTIONS, "{n}");
     }
@@ -175,6 +185,49 @@ fn installed_filters_give_the_exact_errnos_in_a_child() {
         nix::unistd::ForkResult::Parent { child } => {
             let status = nix::sys::wait::waitpid(child, None).unwrap();
             assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
+        }
+    }
+}
+
+/// Foreign ABIs in a forked child under the default filters: an x32 number
+/// (`__X32_SYSCALL_BIT | getpid`) kills the process with SIGSYS, as the
+/// architecture check does for i386, rather than returning ENOSYS.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn an_x32_syscall_kills_the_process() {
+    let (p, _) = load_profile(None).unwrap();
+    let filters = compile(&p).unwrap();
+    // SAFETY: the child only makes raw syscalls (prctl, seccomp, one x32
+    // number) and leaves with _exit; it allocates nothing and takes no
+    // locks, so forking from the multi-threaded test harness is sound.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            let code = if nix::sys::prctl::set_no_new_privs().is_err() || install(&filters).is_err()
+            {
+                10
+            } else {
+                // SAFETY: a raw syscall without arguments.
+                let r = unsafe {
+                    libc::syscall(libc::c_long::from(abi::X32_SYSCALL_BIT) | libc::SYS_getpid)
+                };
+                if r == -1 {
+                    20
+                } else {
+                    21
+                }
+            };
+            // SAFETY: _exit is async-signal-safe and ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert!(
+                matches!(
+                    status,
+                    nix::sys::wait::WaitStatus::Signaled(_, nix::sys::signal::Signal::SIGSYS, _)
+                ),
+                "{status:?} (exit 20: ENOSYS, not killed)"
+            );
         }
     }
 }

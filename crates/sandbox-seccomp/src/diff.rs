@@ -186,7 +186,14 @@ mod tests {
             d.we_allow_they_deny
         );
         let names: Vec<_> = d.we_deny_they_allow.iter().map(|l| l.name).collect();
-        for n in ["ptrace", "process_vm_readv", "modify_ldt", "ioctl"] {
+        for n in [
+            "ptrace",
+            "process_vm_readv",
+            "modify_ldt",
+            "ioctl",
+            "socket",
+            "socketpair",
+        ] {
             assert!(names.contains(&n), "{n} missing from {names:?}");
         }
         let ioctl = d

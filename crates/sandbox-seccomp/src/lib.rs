@@ -19,6 +19,7 @@
 //! launcher does so explicitly right before), and touches no files other than
 //! the profile it is asked to read.
 
+pub mod abi;
 pub mod audit;
 pub mod compile;
 pub mod diff;
@@ -80,6 +81,11 @@ pub enum SeccompError {
         filter: String,
         instructions: usize,
     },
+    #[error(
+        "{file}: the {filter} filter does not start with seccompiler's architecture check; \
+         cannot add the x32 kill"
+    )]
+    NoArchCheck { file: String, filter: String },
     #[error("{file}: cannot build the {filter} filter: {source}")]
     Bpf {
         file: String,
@@ -137,7 +143,11 @@ mod tests {
         let (profile, raw, filters) = load_and_compile(None).unwrap();
         assert_eq!(raw, DEFAULT_PROFILE);
         assert_eq!(profile.source, DEFAULT_PROFILE_NAME);
-        assert_eq!(filters.filters.len(), 2, "allow-list + EPERM deny filter");
+        assert_eq!(
+            filters.filters.len(),
+            4,
+            "allow-list + EPERM, EAFNOSUPPORT and EPROTONOSUPPORT deny filters"
+        );
         for f in &filters.filters {
             assert!(f.program.len() < 4096, "{} too large", f.name);
         }

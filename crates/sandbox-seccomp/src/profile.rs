@@ -165,6 +165,8 @@ pub fn errno_name(e: u32) -> String {
         libc::ENOSYS => "ENOSYS".into(),
         libc::EACCES => "EACCES".into(),
         libc::EINVAL => "EINVAL".into(),
+        libc::EAFNOSUPPORT => "EAFNOSUPPORT".into(),
+        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT".into(),
         _ => format!("errno {e}"),
     }
 }

@@ -79,6 +79,11 @@ impl Bundler {
         })
     }
 
+    /// The base spec every bundle starts from.
+    pub fn base(&self) -> &Spec {
+        &self.base
+    }
+
     pub fn host(&self) -> &HostLayout {
         &self.host
     }

@@ -75,6 +75,7 @@ impl NativeBackend {
             None => bundler::sibling_binary("sandbox-init", HostPaths::Prepare)?,
         };
         let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
+        let cgroups = with_device_rules(cgroups, bundler.base());
         move_into_leaf_if_delegated(&cgroups)?;
         let state = StateDir::new(&cfg.state_dir);
         let root = state.root().to_path_buf();
@@ -198,6 +199,33 @@ impl NativeBackend {
             }
         }
     }
+}
+
+/// The base spec's device allow-list (`linux.resources.devices`) for every
+/// sandbox's cgroup. Enforced on v1 and hybrid hosts; on pure v2 (no BPF
+/// device program yet) and without a list, said loudly at start-up.
+fn with_device_rules(cgroups: CgroupRoot, base: &oci_spec::runtime::Spec) -> CgroupRoot {
+    let rules = base
+        .linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .and_then(|r| r.devices().clone());
+    let Some(rules) = rules else {
+        warn!("the base spec has no linux.resources.devices: sandboxes keep the device access of the cgroup parent");
+        return cgroups;
+    };
+    if cgroups.enforces_devices() {
+        info!(
+            rules = rules.len(),
+            "device allow-list enforced by the devices cgroup"
+        );
+    } else {
+        warn!(
+            layout = %cgroups.layout(),
+            "device allow-list NOT enforced: cgroup v2 needs a BPF device program, which sandboxd does not attach (see docs/security.md)"
+        );
+    }
+    cgroups.with_device_rules(rules)
 }
 
 /// cgroup v2 forbids processes in a cgroup whose controllers are enabled
