@@ -55,6 +55,88 @@ pub enum LogFormat {
     Json,
 }
 
+/// How the daemon reaches a sandbox of the Kubernetes backend
+/// (`[kubernetes] connect_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum ConnectMode {
+    /// `nodeport` (compatible default): `NODE_HOST:<nodePort>` of the
+    /// sandbox's NodePort Service.
+    NodePort,
+    /// `pod-ip` (the daemon runs in the cluster): `<podIP>:<container port>`.
+    PodIp,
+}
+
+impl ConnectMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectMode::NodePort => "nodeport",
+            ConnectMode::PodIp => "pod-ip",
+        }
+    }
+}
+
+impl TryFrom<String> for ConnectMode {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "nodeport" => Ok(ConnectMode::NodePort),
+            "pod-ip" => Ok(ConnectMode::PodIp),
+            other => Err(format!(
+                "kubernetes.connect_mode {other:?} is not nodeport or pod-ip"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which seccomp profile the Pods of the Kubernetes backend run under
+/// (`[kubernetes] seccomp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum KubeSeccomp {
+    /// `localhost`: our profile, installed on every node under the kubelet
+    /// seccomp root (`seccomp_localhost_profile`).
+    Localhost,
+    /// `runtime-default`: the container runtime's default profile.
+    RuntimeDefault,
+}
+
+impl KubeSeccomp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KubeSeccomp::Localhost => "localhost",
+            KubeSeccomp::RuntimeDefault => "runtime-default",
+        }
+    }
+}
+
+impl TryFrom<String> for KubeSeccomp {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "localhost" => Ok(KubeSeccomp::Localhost),
+            "runtime-default" => Ok(KubeSeccomp::RuntimeDefault),
+            other => Err(format!(
+                "kubernetes.seccomp {other:?} is not localhost or runtime-default"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for KubeSeccomp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Node defaults and maxima for sandbox resources.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -146,9 +228,9 @@ pub struct KubeConfig {
     pub user_data_pvc: Option<String>,
     pub skills_pvc: Option<String>,
     /// `nodeport` (compatible default) or `pod-ip` (in-cluster).
-    pub connect_mode: String,
+    pub connect_mode: ConnectMode,
     /// `localhost` (our profile installed on nodes) or `runtime-default`.
-    pub seccomp: String,
+    pub seccomp: KubeSeccomp,
     /// Path of the Localhost profile relative to the kubelet seccomp root.
     pub seccomp_localhost_profile: String,
 }
@@ -161,8 +243,8 @@ impl Default for KubeConfig {
             node_host: "127.0.0.1".to_string(),
             user_data_pvc: None,
             skills_pvc: None,
-            connect_mode: "nodeport".to_string(),
-            seccomp: "localhost".to_string(),
+            connect_mode: ConnectMode::NodePort,
+            seccomp: KubeSeccomp::Localhost,
             seccomp_localhost_profile: "sandboxd/default.json".to_string(),
         }
     }
@@ -593,6 +675,25 @@ mod tests {
             assert_eq!(c.backend_alias.is_some(), v != "kubernetes");
         }
         assert!(Config::load(None, &env(&[("PROVISIONER_BACKEND", "podman")])).is_err());
+    }
+
+    #[test]
+    fn kube_modes_from_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[kubernetes]\nconnect_mode = \"pod-ip\"\nseccomp = \"runtime-default\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.kubernetes.connect_mode, ConnectMode::PodIp);
+        assert_eq!(c.kubernetes.seccomp, KubeSeccomp::RuntimeDefault);
+        assert_eq!(c.kubernetes.connect_mode.to_string(), "pod-ip");
+        assert_eq!(c.kubernetes.seccomp.to_string(), "runtime-default");
+        let c = Config::default();
+        assert_eq!(c.kubernetes.connect_mode, ConnectMode::NodePort);
+        assert_eq!(c.kubernetes.seccomp, KubeSeccomp::Localhost);
     }
 
     #[test]

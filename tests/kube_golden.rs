@@ -79,7 +79,7 @@ fn check_golden(file: &str, value: &impl serde::Serialize) {
 }
 
 fn pods() -> [(&'static str, Pod); 3] {
-    let c = SpecConfig::from_config(&config()).unwrap();
+    let c = SpecConfig::from_config(&config());
     [
         ("pod-persistent.json", build_pod(&persistent(), &c)),
         ("pod-workdir.json", build_pod(&workdir(), &c)),
@@ -92,7 +92,7 @@ fn golden_pods_and_service() {
     for (file, pod) in pods() {
         check_golden(file, &pod);
     }
-    let c = SpecConfig::from_config(&config()).unwrap();
+    let c = SpecConfig::from_config(&config());
     check_golden(
         "service.json",
         &build_service("3f2a9c1b7d44", OWNER_UID, &c),
