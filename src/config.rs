@@ -55,6 +55,19 @@ pub enum LogFormat {
     Json,
 }
 
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    /// Parses a `SANDBOXD_LOG_FORMAT` value (exact spelling).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "json" => Ok(LogFormat::Json),
+            "text" => Ok(LogFormat::Text),
+            _ => Err(format!("{s:?} is not text or json")),
+        }
+    }
+}
+
 /// How the daemon reaches a sandbox of the Kubernetes backend
 /// (`[kubernetes] connect_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -340,36 +353,87 @@ impl EnvSource for BTreeMap<String, String> {
     }
 }
 
-fn parse_env<T: std::str::FromStr>(
-    env: &dyn EnvSource,
-    name: &'static str,
-) -> Result<Option<T>, ConfigError>
+/// How one environment variable is read and what it sets.
+#[derive(Clone, Copy)]
+enum Setter {
+    /// An empty value counts as unset; any other is taken verbatim.
+    Text(fn(&mut Config, String)),
+    /// A blank value (empty or white space) counts as unset; any other must
+    /// parse.
+    Parsed(fn(&mut Config, &str) -> Result<(), String>),
+    /// Every value counts, an empty one included.
+    Any(fn(&mut Config, &str) -> Result<(), String>),
+}
+
+/// The environment names of the provisioner contract and what each one
+/// sets, applied in this order: where two names set the same value (the
+/// Docker-era and the neutral name of a root), the later one wins.
+#[rustfmt::skip]
+const ENV_OVERRIDES: &[(&str, Setter)] = &[
+    ("PROVISIONER_BACKEND", Setter::Parsed(set_backend)),
+    ("SANDBOX_PROVISIONER_TOKEN", Setter::Any(|c, v| { c.token = Some(v.into()); Ok(()) })),
+    ("SANDBOXD_TOKEN_FILE", Setter::Text(|c, v| c.token_file = Some(v.into()))),
+    ("PROVISIONER_PUBLIC_URL", Setter::Text(|c, v| c.public_url = Some(v))),
+    ("SANDBOX_IMAGE", Setter::Text(|c, v| c.sandbox_image = v)),
+    ("SANDBOX_CONTAINER_PORT", Setter::Parsed(|c, v| parse_into(&mut c.container_port, v))),
+    ("SANDBOX_HEALTH_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.health_timeout_seconds, v))),
+    ("SANDBOX_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle_timeout_seconds, v))),
+    ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle_check_interval_seconds, v))),
+    ("SANDBOX_EXEC_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.exec_timeout_seconds, v))),
+    ("K8S_NAMESPACE", Setter::Text(|c, v| c.kubernetes.namespace = v)),
+    ("KUBECONFIG_PATH", Setter::Text(|c, v| c.kubernetes.kubeconfig_path = Some(v.into()))),
+    ("NODE_HOST", Setter::Text(|c, v| c.kubernetes.node_host = v)),
+    ("USER_DATA_PVC", Setter::Text(|c, v| c.kubernetes.user_data_pvc = Some(v))),
+    ("SKILLS_PVC", Setter::Text(|c, v| c.kubernetes.skills_pvc = Some(v))),
+    ("DOCKER_USER_DATA_HOST_PATH", Setter::Text(|c, v| c.user_data_root = v.into())),
+    ("SANDBOXD_USER_DATA_ROOT", Setter::Text(|c, v| c.user_data_root = v.into())),
+    ("DOCKER_SKILL_PROJECTIONS_HOST_PATH", Setter::Text(|c, v| c.skills_root = v.into())),
+    ("SANDBOXD_SKILLS_ROOT", Setter::Text(|c, v| c.skills_root = v.into())),
+    ("SANDBOXD_LISTEN", Setter::Text(|c, v| c.listen = v)),
+    ("SANDBOXD_UNIX_SOCKET", Setter::Text(|c, v| c.unix_socket = Some(v.into()))),
+    ("SANDBOXD_STATE_DIR", Setter::Text(|c, v| c.state_dir = v.into())),
+    ("SANDBOXD_CGROUP_PARENT", Setter::Text(|c, v| c.native.cgroup_parent = v)),
+    ("SANDBOXD_SANDBOX_ENV_FILE", Setter::Text(|c, v| c.sandbox_env_file = Some(v.into()))),
+    ("MEMORY_SANDBOX_URL_TEMPLATE", Setter::Text(|c, v| c.memory_url_template = v)),
+    ("SANDBOXD_ALLOW_NON_LOOPBACK", Setter::Any(|c, v| parse_bool_into(&mut c.allow_non_loopback, v))),
+    ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", Setter::Any(|c, v| parse_bool_into(&mut c.stop_sandboxes_on_exit, v))),
+    ("SANDBOXD_LOG_FORMAT", Setter::Any(set_log_format)),
+];
+
+/// `PROVISIONER_BACKEND`: `docker` and `local` are remembered as aliases
+/// (logged once logging is set up).
+fn set_backend(c: &mut Config, v: &str) -> Result<(), String> {
+    let (kind, alias) = BackendKind::parse(v)?;
+    c.backend_alias = alias.then(|| v.to_string());
+    c.backend = kind;
+    Ok(())
+}
+
+/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `text` or `json` exactly.
+fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
+    if !v.is_empty() {
+        c.log_format = v.parse()?;
+    }
+    Ok(())
+}
+
+/// Sets `field` from `v` (white space around it ignored).
+fn parse_into<T: std::str::FromStr>(field: &mut T, v: &str) -> Result<(), String>
 where
     T::Err: std::fmt::Display,
 {
-    match env.get(name) {
-        None => Ok(None),
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<T>()
-            .map(Some)
-            .map_err(|e| ConfigError::Env {
-                name,
-                message: format!("{e}"),
-            }),
-    }
+    *field = v.trim().parse::<T>().map_err(|e| e.to_string())?;
+    Ok(())
 }
 
-fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::Env {
-            name,
-            message: format!("{v:?} is not a boolean"),
-        }),
-    }
+/// Sets `field` from `1/true/yes/on` or `0/false/no/off`.
+fn parse_bool_into(field: &mut bool, v: &str) -> Result<(), String> {
+    *field = match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => true,
+        "0" | "false" | "no" | "off" => false,
+        _ => return Err(format!("{v:?} is not a boolean")),
+    };
+    Ok(())
 }
 
 impl Config {
@@ -397,111 +461,19 @@ impl Config {
 
     /// Applies the contract's environment names (env wins over the file).
     pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<(), ConfigError> {
-        if let Some(v) = env
-            .get("PROVISIONER_BACKEND")
-            .filter(|v| !v.trim().is_empty())
-        {
-            let (kind, alias) = BackendKind::parse(&v).map_err(|message| ConfigError::Env {
-                name: "PROVISIONER_BACKEND",
-                message,
-            })?;
-            self.backend_alias = alias.then(|| v.clone());
-            self.backend = kind;
-        }
-        if let Some(v) = env.get("SANDBOX_PROVISIONER_TOKEN") {
-            self.token = Some(v);
-        }
-        if let Some(v) = env.get("SANDBOXD_TOKEN_FILE").filter(|v| !v.is_empty()) {
-            self.token_file = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env.get("PROVISIONER_PUBLIC_URL").filter(|v| !v.is_empty()) {
-            self.public_url = Some(v);
-        }
-        if let Some(v) = env.get("SANDBOX_IMAGE").filter(|v| !v.is_empty()) {
-            self.sandbox_image = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_CONTAINER_PORT")? {
-            self.container_port = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_HEALTH_TIMEOUT_SECONDS")? {
-            self.health_timeout_seconds = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_IDLE_TIMEOUT_SECONDS")? {
-            self.idle_timeout_seconds = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_IDLE_CHECK_INTERVAL_SECONDS")? {
-            self.idle_check_interval_seconds = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_EXEC_TIMEOUT_SECONDS")? {
-            self.exec_timeout_seconds = v;
-        }
-        if let Some(v) = env.get("K8S_NAMESPACE").filter(|v| !v.is_empty()) {
-            self.kubernetes.namespace = v;
-        }
-        if let Some(v) = env.get("KUBECONFIG_PATH").filter(|v| !v.is_empty()) {
-            self.kubernetes.kubeconfig_path = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env.get("NODE_HOST").filter(|v| !v.is_empty()) {
-            self.kubernetes.node_host = v;
-        }
-        if let Some(v) = env.get("USER_DATA_PVC").filter(|v| !v.is_empty()) {
-            self.kubernetes.user_data_pvc = Some(v);
-        }
-        if let Some(v) = env.get("SKILLS_PVC").filter(|v| !v.is_empty()) {
-            self.kubernetes.skills_pvc = Some(v);
-        }
-        // Neutral names win over the Docker-era ones when both are set.
-        for name in ["DOCKER_USER_DATA_HOST_PATH", "SANDBOXD_USER_DATA_ROOT"] {
-            if let Some(v) = env.get(name).filter(|v| !v.is_empty()) {
-                self.user_data_root = PathBuf::from(v);
-            }
-        }
-        for name in ["DOCKER_SKILL_PROJECTIONS_HOST_PATH", "SANDBOXD_SKILLS_ROOT"] {
-            if let Some(v) = env.get(name).filter(|v| !v.is_empty()) {
-                self.skills_root = PathBuf::from(v);
-            }
-        }
-        if let Some(v) = env.get("SANDBOXD_LISTEN").filter(|v| !v.is_empty()) {
-            self.listen = v;
-        }
-        if let Some(v) = env.get("SANDBOXD_UNIX_SOCKET").filter(|v| !v.is_empty()) {
-            self.unix_socket = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env.get("SANDBOXD_STATE_DIR").filter(|v| !v.is_empty()) {
-            self.state_dir = PathBuf::from(v);
-        }
-        if let Some(v) = env.get("SANDBOXD_CGROUP_PARENT").filter(|v| !v.is_empty()) {
-            self.native.cgroup_parent = v;
-        }
-        if let Some(v) = env
-            .get("SANDBOXD_SANDBOX_ENV_FILE")
-            .filter(|v| !v.is_empty())
-        {
-            self.sandbox_env_file = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env
-            .get("MEMORY_SANDBOX_URL_TEMPLATE")
-            .filter(|v| !v.is_empty())
-        {
-            self.memory_url_template = v;
-        }
-        if let Some(v) = env.get("SANDBOXD_ALLOW_NON_LOOPBACK") {
-            self.allow_non_loopback = parse_bool("SANDBOXD_ALLOW_NON_LOOPBACK", &v)?;
-        }
-        if let Some(v) = env.get("SANDBOXD_STOP_SANDBOXES_ON_EXIT") {
-            self.stop_sandboxes_on_exit = parse_bool("SANDBOXD_STOP_SANDBOXES_ON_EXIT", &v)?;
-        }
-        if let Some(v) = env.get("SANDBOXD_LOG_FORMAT").filter(|v| !v.is_empty()) {
-            self.log_format = match v.as_str() {
-                "json" => LogFormat::Json,
-                "text" => LogFormat::Text,
-                _ => {
-                    return Err(ConfigError::Env {
-                        name: "SANDBOXD_LOG_FORMAT",
-                        message: format!("{v:?} is not text or json"),
-                    })
+        for &(name, setter) in ENV_OVERRIDES {
+            let Some(v) = env.get(name) else { continue };
+            let result = match setter {
+                Setter::Text(set) => {
+                    if !v.is_empty() {
+                        set(self, v);
+                    }
+                    Ok(())
                 }
+                Setter::Parsed(_) if v.trim().is_empty() => Ok(()),
+                Setter::Parsed(set) | Setter::Any(set) => set(self, &v),
             };
+            result.map_err(|message| ConfigError::Env { name, message })?;
         }
         Ok(())
     }
@@ -694,6 +666,41 @@ mod tests {
         let c = Config::default();
         assert_eq!(c.kubernetes.connect_mode, ConnectMode::NodePort);
         assert_eq!(c.kubernetes.seccomp, KubeSeccomp::Localhost);
+    }
+
+    #[test]
+    fn empty_and_blank_env_values() {
+        // Empty counts as unset, except for the token and the booleans.
+        let c = Config::load(
+            None,
+            &env(&[
+                ("SANDBOX_IMAGE", ""),
+                ("SANDBOX_CONTAINER_PORT", " "),
+                ("PROVISIONER_BACKEND", " "),
+                ("SANDBOXD_LOG_FORMAT", ""),
+                ("SANDBOX_PROVISIONER_TOKEN", ""),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.sandbox_image, "sandboxd-host");
+        assert_eq!(c.container_port, 8080);
+        assert_eq!(c.backend, BackendKind::Native);
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.token.as_deref(), Some(""));
+        for (name, value) in [
+            ("SANDBOXD_ALLOW_NON_LOOPBACK", ""),
+            ("SANDBOXD_LOG_FORMAT", "JSON"),
+        ] {
+            let e = Config::load(None, &env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("environment variable {name}: ")),
+                "{e}"
+            );
+        }
+        let c = Config::load(None, &env(&[("SANDBOXD_ALLOW_NON_LOOPBACK", " Yes")])).unwrap();
+        assert!(c.allow_non_loopback);
     }
 
     #[test]
