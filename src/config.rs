@@ -291,6 +291,14 @@ pub struct Config {
     pub stop_sandboxes_on_exit: bool,
     pub shutdown_grace_seconds: u64,
     pub log_format: LogFormat,
+    /// Tokio worker threads of the daemon (`SANDBOXD_WORKER_THREADS`; none:
+    /// one per CPU). Environment only.
+    #[serde(skip)]
+    pub worker_threads: Option<usize>,
+    /// Artificial create latency of the memory backend
+    /// (`MEMORY_CREATE_DELAY_MS`, tests). Environment only.
+    #[serde(skip)]
+    pub memory_create_delay_ms: u64,
     pub limits: Limits,
     /// Set when `PROVISIONER_BACKEND` used an alias (`docker`, `local`): the
     /// value, for the daemon to log once logging is set up (the config is
@@ -325,6 +333,8 @@ impl Default for Config {
             stop_sandboxes_on_exit: false,
             shutdown_grace_seconds: 20,
             log_format: LogFormat::Text,
+            worker_threads: None,
+            memory_create_delay_ms: 0,
             limits: Limits::default(),
             backend_alias: None,
             native: NativeConfig::default(),
@@ -398,6 +408,8 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_ALLOW_NON_LOOPBACK", Setter::Any(|c, v| parse_bool_into(&mut c.allow_non_loopback, v))),
     ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", Setter::Any(|c, v| parse_bool_into(&mut c.stop_sandboxes_on_exit, v))),
     ("SANDBOXD_LOG_FORMAT", Setter::Any(set_log_format)),
+    ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
+    ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
 ];
 
 /// `PROVISIONER_BACKEND`: `docker` and `local` are remembered as aliases
@@ -414,6 +426,17 @@ fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
     if !v.is_empty() {
         c.log_format = v.parse()?;
     }
+    Ok(())
+}
+
+/// `SANDBOXD_WORKER_THREADS`: a positive number.
+fn set_worker_threads(c: &mut Config, v: &str) -> Result<(), String> {
+    let mut n = 0usize;
+    parse_into(&mut n, v)?;
+    if n == 0 {
+        return Err("must be at least 1".into());
+    }
+    c.worker_threads = Some(n);
     Ok(())
 }
 
@@ -678,6 +701,7 @@ mod tests {
                 ("SANDBOX_CONTAINER_PORT", " "),
                 ("PROVISIONER_BACKEND", " "),
                 ("SANDBOXD_LOG_FORMAT", ""),
+                ("SANDBOXD_WORKER_THREADS", ""),
                 ("SANDBOX_PROVISIONER_TOKEN", ""),
             ]),
         )
@@ -686,10 +710,14 @@ mod tests {
         assert_eq!(c.container_port, 8080);
         assert_eq!(c.backend, BackendKind::Native);
         assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.worker_threads, None);
         assert_eq!(c.token.as_deref(), Some(""));
         for (name, value) in [
             ("SANDBOXD_ALLOW_NON_LOOPBACK", ""),
             ("SANDBOXD_LOG_FORMAT", "JSON"),
+            ("SANDBOXD_WORKER_THREADS", "0"),
+            ("SANDBOXD_WORKER_THREADS", "many"),
+            ("MEMORY_CREATE_DELAY_MS", "soon"),
         ] {
             let e = Config::load(None, &env(&[(name, value)]))
                 .unwrap_err()
@@ -699,8 +727,18 @@ mod tests {
                 "{e}"
             );
         }
-        let c = Config::load(None, &env(&[("SANDBOXD_ALLOW_NON_LOOPBACK", " Yes")])).unwrap();
+        let c = Config::load(
+            None,
+            &env(&[
+                ("SANDBOXD_ALLOW_NON_LOOPBACK", " Yes"),
+                ("SANDBOXD_WORKER_THREADS", " 3 "),
+                ("MEMORY_CREATE_DELAY_MS", "200"),
+            ]),
+        )
+        .unwrap();
         assert!(c.allow_non_loopback);
+        assert_eq!(c.worker_threads, Some(3));
+        assert_eq!(c.memory_create_delay_ms, 200);
     }
 
     #[test]
