@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use sandbox_abi::request::ResourceLimits;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +165,21 @@ pub struct Limits {
     pub tmp_size_mb: u64,
     /// Size cap of `/home/gem` (and of an ephemeral user-data tmpfs).
     pub home_size_mb: u64,
+}
+
+impl Limits {
+    /// What a create request is checked against: the node defaults and
+    /// maxima, without the tmpfs sizes.
+    pub fn resources(&self) -> ResourceLimits {
+        ResourceLimits {
+            memory_mb: self.memory_mb,
+            cpus: self.cpus,
+            pids: self.pids,
+            max_memory_mb: self.max_memory_mb,
+            max_cpus: self.max_cpus,
+            max_pids: self.max_pids,
+        }
+    }
 }
 
 impl Default for Limits {

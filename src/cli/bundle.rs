@@ -9,8 +9,7 @@ use anyhow::{bail, Context};
 use crate::backend::native::bundle::{self, HostLayout};
 use crate::backend::native::Seccomp;
 use crate::config::{Config, ProcessEnv};
-use crate::lifecycle::request::build_spec;
-use crate::model::{new_generation, CreateRequest};
+use crate::model::{new_generation, CreateRequest, SandboxSpec};
 
 #[derive(Debug, clap::Args)]
 pub struct BundleArgs {
@@ -52,7 +51,7 @@ pub fn run(args: BundleArgs) -> anyhow::Result<()> {
         "workdir_path": args.workdir_path,
         "inherit_env": !args.ephemeral,
     }))?;
-    let spec = build_spec(req, &Default::default(), &cfg.limits)?;
+    let spec = SandboxSpec::from_request(req, &Default::default(), &cfg.limits.resources())?;
     let agent = match &cfg.native.agent_path {
         Some(p) => p.clone(),
         None => std::env::current_exe()?

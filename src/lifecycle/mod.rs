@@ -19,12 +19,11 @@ use crate::backend::{Backend, BackendError, Upstream};
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::model::{
-    validate_sandbox_id, CreateRequest, SandboxRecord, SandboxStatus, ValidationError,
+    validate_sandbox_id, CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus, ValidationError,
 };
 
 mod locks;
 mod reaper;
-pub mod request;
 #[cfg(test)]
 mod tests;
 
@@ -198,7 +197,11 @@ impl Lifecycle {
 
     /// Create or reuse (see the contract).
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxRecord, LifecycleError> {
-        let spec = request::build_spec(req, &self.settings.global_env, &self.settings.limits)?;
+        let spec = SandboxSpec::from_request(
+            req,
+            &self.settings.global_env,
+            &self.settings.limits.resources(),
+        )?;
         let id = spec.sandbox_id.clone();
         let span = tracing::info_span!("create", sandbox_id = %id, uid = %spec.identity.uid);
         async {
