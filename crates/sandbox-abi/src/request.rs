@@ -61,7 +61,6 @@ impl SandboxSpec {
         }
         validate_env(&env)?;
 
-        let resources_requested = req.resources.is_some();
         let resources = resolve_resources(req.resources.unwrap_or_default(), limits)?;
 
         Ok(SandboxSpec {
@@ -74,7 +73,6 @@ impl SandboxSpec {
             },
             env,
             resources,
-            resources_requested,
         })
     }
 }

@@ -406,7 +406,6 @@ mod tests {
                 cpus: 0.5,
                 pids: 64,
             },
-            resources_requested: false,
         }
     }
 
