@@ -27,7 +27,7 @@ mod reaper;
 #[cfg(test)]
 mod tests;
 
-pub use locks::{IdLocks, Pin};
+pub use locks::{IdLocks, ProxyGuard};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -109,7 +109,7 @@ pub struct Lifecycle {
 /// the pin that keeps a delete waiting until it is dropped.
 pub struct ProxyPin {
     pub record: SandboxRecord,
-    _pin: Pin,
+    _guard: ProxyGuard,
 }
 
 impl Lifecycle {
@@ -409,11 +409,14 @@ impl Lifecycle {
         if self.get(id).is_none() {
             return Err(LifecycleError::NotFound);
         }
-        let pin = self.locks.pin(id).await;
+        let guard = self.locks.pin(id).await;
         // A delete may have run while we waited.
         let record = self.get(id).ok_or(LifecycleError::NotFound)?;
         self.touch(id);
-        Ok(ProxyPin { record, _pin: pin })
+        Ok(ProxyPin {
+            record,
+            _guard: guard,
+        })
     }
 
     /// Opens a connection to the sandbox `id` at `generation` (the proxy's
