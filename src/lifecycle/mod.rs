@@ -23,7 +23,7 @@ use crate::model::{
 };
 
 mod locks;
-mod reaper;
+mod idle;
 #[cfg(test)]
 mod tests;
 
@@ -533,7 +533,7 @@ impl Lifecycle {
 
     /// Starts the idle reaper (when enabled); it runs until the runtime stops.
     pub fn spawn_reaper(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
-        reaper::spawn(self.clone())
+        idle::spawn(self.clone())
     }
 
     /// Number of live per-id lock slots (leak checks in tests).
