@@ -22,8 +22,8 @@ use crate::model::{
     validate_sandbox_id, CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus, ValidationError,
 };
 
-mod locks;
 mod idle;
+mod locks;
 #[cfg(test)]
 mod tests;
 
@@ -80,10 +80,11 @@ pub struct Settings {
 
 /// One tracked incarnation. Activity is a touch counter plus a timestamp so
 /// the reaper can tell "touched after I looked" even within a millisecond.
+/// Read and written only with the table's lock held.
 struct Tracked {
     record: SandboxRecord,
-    touches: Arc<AtomicU64>,
-    last_active_ms: Arc<AtomicU64>,
+    touches: u64,
+    last_active_ms: u64,
 }
 
 /// What the reaper observed of one sandbox.
@@ -151,8 +152,8 @@ impl Lifecycle {
             record.sandbox_id.clone(),
             Tracked {
                 record,
-                touches: Arc::new(AtomicU64::new(0)),
-                last_active_ms: Arc::new(AtomicU64::new(now)),
+                touches: 0,
+                last_active_ms: now,
             },
         );
     }
@@ -164,10 +165,10 @@ impl Lifecycle {
     /// Marks activity of `id`; returns false when it is not tracked.
     pub fn touch(&self, id: &str) -> bool {
         let now = self.now_ms();
-        match self.table().get(id) {
+        match self.table().get_mut(id) {
             Some(t) => {
-                t.touches.fetch_add(1, Ordering::SeqCst);
-                t.last_active_ms.store(now, Ordering::SeqCst);
+                t.touches += 1;
+                t.last_active_ms = now;
                 true
             }
             None => false,
@@ -348,10 +349,7 @@ impl Lifecycle {
                 return Ok(false);
             };
             if let Some(seen) = unless_touched {
-                let now = self
-                    .table()
-                    .get(id)
-                    .map(|t| t.touches.load(Ordering::SeqCst));
+                let now = self.table().get(id).map(|t| t.touches);
                 if now != Some(seen) {
                     info!("sandbox was touched after the reaper looked; kept");
                     return Ok(false);
@@ -511,10 +509,8 @@ impl Lifecycle {
             .map(|t| Observation {
                 id: t.record.sandbox_id.clone(),
                 generation: t.record.generation.clone(),
-                touches: t.touches.load(Ordering::SeqCst),
-                idle: Duration::from_millis(
-                    now.saturating_sub(t.last_active_ms.load(Ordering::SeqCst)),
-                ),
+                touches: t.touches,
+                idle: Duration::from_millis(now.saturating_sub(t.last_active_ms)),
             })
             .collect()
     }
