@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use sandbox_abi::request::ResourceLimits;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +56,101 @@ pub enum LogFormat {
     Json,
 }
 
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    /// Parses a `SANDBOXD_LOG_FORMAT` value (exact spelling).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "json" => Ok(LogFormat::Json),
+            "text" => Ok(LogFormat::Text),
+            _ => Err(format!("{s:?} is not text or json")),
+        }
+    }
+}
+
+/// How the daemon reaches a sandbox of the Kubernetes backend
+/// (`[kubernetes] connect_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum ConnectMode {
+    /// `nodeport` (compatible default): `NODE_HOST:<nodePort>` of the
+    /// sandbox's NodePort Service.
+    NodePort,
+    /// `pod-ip` (the daemon runs in the cluster): `<podIP>:<container port>`.
+    PodIp,
+}
+
+impl ConnectMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectMode::NodePort => "nodeport",
+            ConnectMode::PodIp => "pod-ip",
+        }
+    }
+}
+
+impl TryFrom<String> for ConnectMode {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "nodeport" => Ok(ConnectMode::NodePort),
+            "pod-ip" => Ok(ConnectMode::PodIp),
+            other => Err(format!(
+                "kubernetes.connect_mode {other:?} is not nodeport or pod-ip"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which seccomp profile the Pods of the Kubernetes backend run under
+/// (`[kubernetes] seccomp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum KubeSeccomp {
+    /// `localhost`: our profile, installed on every node under the kubelet
+    /// seccomp root (`seccomp_localhost_profile`).
+    Localhost,
+    /// `runtime-default`: the container runtime's default profile.
+    RuntimeDefault,
+}
+
+impl KubeSeccomp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KubeSeccomp::Localhost => "localhost",
+            KubeSeccomp::RuntimeDefault => "runtime-default",
+        }
+    }
+}
+
+impl TryFrom<String> for KubeSeccomp {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "localhost" => Ok(KubeSeccomp::Localhost),
+            "runtime-default" => Ok(KubeSeccomp::RuntimeDefault),
+            other => Err(format!(
+                "kubernetes.seccomp {other:?} is not localhost or runtime-default"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for KubeSeccomp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Node defaults and maxima for sandbox resources.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -69,6 +165,21 @@ pub struct Limits {
     pub tmp_size_mb: u64,
     /// Size cap of `/home/gem` (and of an ephemeral user-data tmpfs).
     pub home_size_mb: u64,
+}
+
+impl Limits {
+    /// What a create request is checked against: the node defaults and
+    /// maxima, without the tmpfs sizes.
+    pub fn resources(&self) -> ResourceLimits {
+        ResourceLimits {
+            memory_mb: self.memory_mb,
+            cpus: self.cpus,
+            pids: self.pids,
+            max_memory_mb: self.max_memory_mb,
+            max_cpus: self.max_cpus,
+            max_pids: self.max_pids,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -146,9 +257,9 @@ pub struct KubeConfig {
     pub user_data_pvc: Option<String>,
     pub skills_pvc: Option<String>,
     /// `nodeport` (compatible default) or `pod-ip` (in-cluster).
-    pub connect_mode: String,
+    pub connect_mode: ConnectMode,
     /// `localhost` (our profile installed on nodes) or `runtime-default`.
-    pub seccomp: String,
+    pub seccomp: KubeSeccomp,
     /// Path of the Localhost profile relative to the kubelet seccomp root.
     pub seccomp_localhost_profile: String,
 }
@@ -161,8 +272,8 @@ impl Default for KubeConfig {
             node_host: "127.0.0.1".to_string(),
             user_data_pvc: None,
             skills_pvc: None,
-            connect_mode: "nodeport".to_string(),
-            seccomp: "localhost".to_string(),
+            connect_mode: ConnectMode::NodePort,
+            seccomp: KubeSeccomp::Localhost,
             seccomp_localhost_profile: "sandboxd/default.json".to_string(),
         }
     }
@@ -196,6 +307,14 @@ pub struct Config {
     pub stop_sandboxes_on_exit: bool,
     pub shutdown_grace_seconds: u64,
     pub log_format: LogFormat,
+    /// Tokio worker threads of the daemon (`SANDBOXD_WORKER_THREADS`; none:
+    /// one per CPU). Environment only.
+    #[serde(skip)]
+    pub worker_threads: Option<usize>,
+    /// Artificial create latency of the memory backend
+    /// (`MEMORY_CREATE_DELAY_MS`, tests). Environment only.
+    #[serde(skip)]
+    pub memory_create_delay_ms: u64,
     pub limits: Limits,
     /// Set when `PROVISIONER_BACKEND` used an alias (`docker`, `local`): the
     /// value, for the daemon to log once logging is set up (the config is
@@ -230,6 +349,8 @@ impl Default for Config {
             stop_sandboxes_on_exit: false,
             shutdown_grace_seconds: 20,
             log_format: LogFormat::Text,
+            worker_threads: None,
+            memory_create_delay_ms: 0,
             limits: Limits::default(),
             backend_alias: None,
             native: NativeConfig::default(),
@@ -258,36 +379,100 @@ impl EnvSource for BTreeMap<String, String> {
     }
 }
 
-fn parse_env<T: std::str::FromStr>(
-    env: &dyn EnvSource,
-    name: &'static str,
-) -> Result<Option<T>, ConfigError>
+/// How one environment variable is read and what it sets.
+#[derive(Clone, Copy)]
+enum Setter {
+    /// An empty value counts as unset; any other is taken verbatim.
+    Text(fn(&mut Config, String)),
+    /// A blank value (empty or white space) counts as unset; any other must
+    /// parse.
+    Parsed(fn(&mut Config, &str) -> Result<(), String>),
+    /// Every value counts, an empty one included.
+    Any(fn(&mut Config, &str) -> Result<(), String>),
+}
+
+/// The environment names of the provisioner contract and what each one
+/// sets, applied in this order: where two names set the same value (the
+/// Docker-era and the neutral name of a root), the later one wins.
+#[rustfmt::skip]
+const ENV_OVERRIDES: &[(&str, Setter)] = &[
+    ("PROVISIONER_BACKEND", Setter::Parsed(set_backend)),
+    ("SANDBOX_PROVISIONER_TOKEN", Setter::Any(|c, v| { c.token = Some(v.into()); Ok(()) })),
+    ("SANDBOXD_TOKEN_FILE", Setter::Text(|c, v| c.token_file = Some(v.into()))),
+    ("PROVISIONER_PUBLIC_URL", Setter::Text(|c, v| c.public_url = Some(v))),
+    ("SANDBOX_IMAGE", Setter::Text(|c, v| c.sandbox_image = v)),
+    ("SANDBOX_CONTAINER_PORT", Setter::Parsed(|c, v| parse_into(&mut c.container_port, v))),
+    ("SANDBOX_HEALTH_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.health_timeout_seconds, v))),
+    ("SANDBOX_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle_timeout_seconds, v))),
+    ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle_check_interval_seconds, v))),
+    ("SANDBOX_EXEC_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.exec_timeout_seconds, v))),
+    ("K8S_NAMESPACE", Setter::Text(|c, v| c.kubernetes.namespace = v)),
+    ("KUBECONFIG_PATH", Setter::Text(|c, v| c.kubernetes.kubeconfig_path = Some(v.into()))),
+    ("NODE_HOST", Setter::Text(|c, v| c.kubernetes.node_host = v)),
+    ("USER_DATA_PVC", Setter::Text(|c, v| c.kubernetes.user_data_pvc = Some(v))),
+    ("SKILLS_PVC", Setter::Text(|c, v| c.kubernetes.skills_pvc = Some(v))),
+    ("DOCKER_USER_DATA_HOST_PATH", Setter::Text(|c, v| c.user_data_root = v.into())),
+    ("SANDBOXD_USER_DATA_ROOT", Setter::Text(|c, v| c.user_data_root = v.into())),
+    ("DOCKER_SKILL_PROJECTIONS_HOST_PATH", Setter::Text(|c, v| c.skills_root = v.into())),
+    ("SANDBOXD_SKILLS_ROOT", Setter::Text(|c, v| c.skills_root = v.into())),
+    ("SANDBOXD_LISTEN", Setter::Text(|c, v| c.listen = v)),
+    ("SANDBOXD_UNIX_SOCKET", Setter::Text(|c, v| c.unix_socket = Some(v.into()))),
+    ("SANDBOXD_STATE_DIR", Setter::Text(|c, v| c.state_dir = v.into())),
+    ("SANDBOXD_CGROUP_PARENT", Setter::Text(|c, v| c.native.cgroup_parent = v)),
+    ("SANDBOXD_SANDBOX_ENV_FILE", Setter::Text(|c, v| c.sandbox_env_file = Some(v.into()))),
+    ("MEMORY_SANDBOX_URL_TEMPLATE", Setter::Text(|c, v| c.memory_url_template = v)),
+    ("SANDBOXD_ALLOW_NON_LOOPBACK", Setter::Any(|c, v| parse_bool_into(&mut c.allow_non_loopback, v))),
+    ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", Setter::Any(|c, v| parse_bool_into(&mut c.stop_sandboxes_on_exit, v))),
+    ("SANDBOXD_LOG_FORMAT", Setter::Any(set_log_format)),
+    ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
+    ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
+];
+
+/// `PROVISIONER_BACKEND`: `docker` and `local` are remembered as aliases
+/// (logged once logging is set up).
+fn set_backend(c: &mut Config, v: &str) -> Result<(), String> {
+    let (kind, alias) = BackendKind::parse(v)?;
+    c.backend_alias = alias.then(|| v.to_string());
+    c.backend = kind;
+    Ok(())
+}
+
+/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `text` or `json` exactly.
+fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
+    if !v.is_empty() {
+        c.log_format = v.parse()?;
+    }
+    Ok(())
+}
+
+/// `SANDBOXD_WORKER_THREADS`: a positive number.
+fn set_worker_threads(c: &mut Config, v: &str) -> Result<(), String> {
+    let mut n = 0usize;
+    parse_into(&mut n, v)?;
+    if n == 0 {
+        return Err("must be at least 1".into());
+    }
+    c.worker_threads = Some(n);
+    Ok(())
+}
+
+/// Sets `field` from `v` (white space around it ignored).
+fn parse_into<T: std::str::FromStr>(field: &mut T, v: &str) -> Result<(), String>
 where
     T::Err: std::fmt::Display,
 {
-    match env.get(name) {
-        None => Ok(None),
-        Some(v) if v.trim().is_empty() => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<T>()
-            .map(Some)
-            .map_err(|e| ConfigError::Env {
-                name,
-                message: format!("{e}"),
-            }),
-    }
+    *field = v.trim().parse::<T>().map_err(|e| e.to_string())?;
+    Ok(())
 }
 
-fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::Env {
-            name,
-            message: format!("{v:?} is not a boolean"),
-        }),
-    }
+/// Sets `field` from `1/true/yes/on` or `0/false/no/off`.
+fn parse_bool_into(field: &mut bool, v: &str) -> Result<(), String> {
+    *field = match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => true,
+        "0" | "false" | "no" | "off" => false,
+        _ => return Err(format!("{v:?} is not a boolean")),
+    };
+    Ok(())
 }
 
 impl Config {
@@ -315,111 +500,19 @@ impl Config {
 
     /// Applies the contract's environment names (env wins over the file).
     pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<(), ConfigError> {
-        if let Some(v) = env
-            .get("PROVISIONER_BACKEND")
-            .filter(|v| !v.trim().is_empty())
-        {
-            let (kind, alias) = BackendKind::parse(&v).map_err(|message| ConfigError::Env {
-                name: "PROVISIONER_BACKEND",
-                message,
-            })?;
-            self.backend_alias = alias.then(|| v.clone());
-            self.backend = kind;
-        }
-        if let Some(v) = env.get("SANDBOX_PROVISIONER_TOKEN") {
-            self.token = Some(v);
-        }
-        if let Some(v) = env.get("SANDBOXD_TOKEN_FILE").filter(|v| !v.is_empty()) {
-            self.token_file = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env.get("PROVISIONER_PUBLIC_URL").filter(|v| !v.is_empty()) {
-            self.public_url = Some(v);
-        }
-        if let Some(v) = env.get("SANDBOX_IMAGE").filter(|v| !v.is_empty()) {
-            self.sandbox_image = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_CONTAINER_PORT")? {
-            self.container_port = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_HEALTH_TIMEOUT_SECONDS")? {
-            self.health_timeout_seconds = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_IDLE_TIMEOUT_SECONDS")? {
-            self.idle_timeout_seconds = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_IDLE_CHECK_INTERVAL_SECONDS")? {
-            self.idle_check_interval_seconds = v;
-        }
-        if let Some(v) = parse_env(env, "SANDBOX_EXEC_TIMEOUT_SECONDS")? {
-            self.exec_timeout_seconds = v;
-        }
-        if let Some(v) = env.get("K8S_NAMESPACE").filter(|v| !v.is_empty()) {
-            self.kubernetes.namespace = v;
-        }
-        if let Some(v) = env.get("KUBECONFIG_PATH").filter(|v| !v.is_empty()) {
-            self.kubernetes.kubeconfig_path = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env.get("NODE_HOST").filter(|v| !v.is_empty()) {
-            self.kubernetes.node_host = v;
-        }
-        if let Some(v) = env.get("USER_DATA_PVC").filter(|v| !v.is_empty()) {
-            self.kubernetes.user_data_pvc = Some(v);
-        }
-        if let Some(v) = env.get("SKILLS_PVC").filter(|v| !v.is_empty()) {
-            self.kubernetes.skills_pvc = Some(v);
-        }
-        // Neutral names win over the Docker-era ones when both are set.
-        for name in ["DOCKER_USER_DATA_HOST_PATH", "SANDBOXD_USER_DATA_ROOT"] {
-            if let Some(v) = env.get(name).filter(|v| !v.is_empty()) {
-                self.user_data_root = PathBuf::from(v);
-            }
-        }
-        for name in ["DOCKER_SKILL_PROJECTIONS_HOST_PATH", "SANDBOXD_SKILLS_ROOT"] {
-            if let Some(v) = env.get(name).filter(|v| !v.is_empty()) {
-                self.skills_root = PathBuf::from(v);
-            }
-        }
-        if let Some(v) = env.get("SANDBOXD_LISTEN").filter(|v| !v.is_empty()) {
-            self.listen = v;
-        }
-        if let Some(v) = env.get("SANDBOXD_UNIX_SOCKET").filter(|v| !v.is_empty()) {
-            self.unix_socket = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env.get("SANDBOXD_STATE_DIR").filter(|v| !v.is_empty()) {
-            self.state_dir = PathBuf::from(v);
-        }
-        if let Some(v) = env.get("SANDBOXD_CGROUP_PARENT").filter(|v| !v.is_empty()) {
-            self.native.cgroup_parent = v;
-        }
-        if let Some(v) = env
-            .get("SANDBOXD_SANDBOX_ENV_FILE")
-            .filter(|v| !v.is_empty())
-        {
-            self.sandbox_env_file = Some(PathBuf::from(v));
-        }
-        if let Some(v) = env
-            .get("MEMORY_SANDBOX_URL_TEMPLATE")
-            .filter(|v| !v.is_empty())
-        {
-            self.memory_url_template = v;
-        }
-        if let Some(v) = env.get("SANDBOXD_ALLOW_NON_LOOPBACK") {
-            self.allow_non_loopback = parse_bool("SANDBOXD_ALLOW_NON_LOOPBACK", &v)?;
-        }
-        if let Some(v) = env.get("SANDBOXD_STOP_SANDBOXES_ON_EXIT") {
-            self.stop_sandboxes_on_exit = parse_bool("SANDBOXD_STOP_SANDBOXES_ON_EXIT", &v)?;
-        }
-        if let Some(v) = env.get("SANDBOXD_LOG_FORMAT").filter(|v| !v.is_empty()) {
-            self.log_format = match v.as_str() {
-                "json" => LogFormat::Json,
-                "text" => LogFormat::Text,
-                _ => {
-                    return Err(ConfigError::Env {
-                        name: "SANDBOXD_LOG_FORMAT",
-                        message: format!("{v:?} is not text or json"),
-                    })
+        for &(name, setter) in ENV_OVERRIDES {
+            let Some(v) = env.get(name) else { continue };
+            let result = match setter {
+                Setter::Text(set) => {
+                    if !v.is_empty() {
+                        set(self, v);
+                    }
+                    Ok(())
                 }
+                Setter::Parsed(_) if v.trim().is_empty() => Ok(()),
+                Setter::Parsed(set) | Setter::Any(set) => set(self, &v),
             };
+            result.map_err(|message| ConfigError::Env { name, message })?;
         }
         Ok(())
     }
@@ -593,6 +686,75 @@ mod tests {
             assert_eq!(c.backend_alias.is_some(), v != "kubernetes");
         }
         assert!(Config::load(None, &env(&[("PROVISIONER_BACKEND", "podman")])).is_err());
+    }
+
+    #[test]
+    fn kube_modes_from_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[kubernetes]\nconnect_mode = \"pod-ip\"\nseccomp = \"runtime-default\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.kubernetes.connect_mode, ConnectMode::PodIp);
+        assert_eq!(c.kubernetes.seccomp, KubeSeccomp::RuntimeDefault);
+        assert_eq!(c.kubernetes.connect_mode.to_string(), "pod-ip");
+        assert_eq!(c.kubernetes.seccomp.to_string(), "runtime-default");
+        let c = Config::default();
+        assert_eq!(c.kubernetes.connect_mode, ConnectMode::NodePort);
+        assert_eq!(c.kubernetes.seccomp, KubeSeccomp::Localhost);
+    }
+
+    #[test]
+    fn empty_and_blank_env_values() {
+        // Empty counts as unset, except for the token and the booleans.
+        let c = Config::load(
+            None,
+            &env(&[
+                ("SANDBOX_IMAGE", ""),
+                ("SANDBOX_CONTAINER_PORT", " "),
+                ("PROVISIONER_BACKEND", " "),
+                ("SANDBOXD_LOG_FORMAT", ""),
+                ("SANDBOXD_WORKER_THREADS", ""),
+                ("SANDBOX_PROVISIONER_TOKEN", ""),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.sandbox_image, "sandboxd-host");
+        assert_eq!(c.container_port, 8080);
+        assert_eq!(c.backend, BackendKind::Native);
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.worker_threads, None);
+        assert_eq!(c.token.as_deref(), Some(""));
+        for (name, value) in [
+            ("SANDBOXD_ALLOW_NON_LOOPBACK", ""),
+            ("SANDBOXD_LOG_FORMAT", "JSON"),
+            ("SANDBOXD_WORKER_THREADS", "0"),
+            ("SANDBOXD_WORKER_THREADS", "many"),
+            ("MEMORY_CREATE_DELAY_MS", "soon"),
+        ] {
+            let e = Config::load(None, &env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!("environment variable {name}: ")),
+                "{e}"
+            );
+        }
+        let c = Config::load(
+            None,
+            &env(&[
+                ("SANDBOXD_ALLOW_NON_LOOPBACK", " Yes"),
+                ("SANDBOXD_WORKER_THREADS", " 3 "),
+                ("MEMORY_CREATE_DELAY_MS", "200"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.allow_non_loopback);
+        assert_eq!(c.worker_threads, Some(3));
+        assert_eq!(c.memory_create_delay_ms, 200);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! sandbox waits until the body has been sent.
 
 use std::future::Future;
-use std::pin::Pin as StdPin;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -93,7 +93,7 @@ fn parse_authority(host: &str) -> Option<(String, String)> {
 impl tower_service::Service<Uri> for SandboxConnector {
     type Response = TokioIo<TcpStream>;
     type Error = BackendError;
-    type Future = StdPin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
@@ -134,10 +134,10 @@ impl HttpBody for PinnedBody {
     type Error = hyper::Error;
 
     fn poll_frame(
-        mut self: StdPin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        StdPin::new(&mut self.inner).poll_frame(cx)
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

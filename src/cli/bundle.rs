@@ -1,7 +1,7 @@
 //! `sandboxd bundle`: writes the OCI bundle (config.json, rootfs skeleton,
 //! generated files) that a create of the given identity would use, without
 //! starting anything. It builds what a create builds: the spec through the
-//! lifecycle's `build_spec` and the bundle through the native backend's
+//! `SandboxSpec::from_request` and the bundle through the native backend's
 //! [`Bundler`], resolved as the daemon resolves it, except that host
 //! directories are neither checked nor created ([`HostPaths::Untouched`])
 //! and the node env file is not read.
@@ -13,8 +13,7 @@ use anyhow::bail;
 use crate::backend::native::bundle::BundleError;
 use crate::backend::native::{Bundler, HostPaths, NativeError};
 use crate::config::{Config, ProcessEnv};
-use crate::lifecycle::request::build_spec;
-use crate::model::{new_generation, CreateRequest};
+use crate::model::{new_generation, CreateRequest, SandboxSpec};
 
 #[derive(Debug, clap::Args)]
 pub struct BundleArgs {
@@ -68,7 +67,8 @@ fn write(args: &BundleArgs, cfg: &Config) -> anyhow::Result<PathBuf> {
         );
     }
     // No node env file: what it holds is the node's, not the bundle's.
-    let spec = build_spec(request(args)?, &Default::default(), &cfg.limits)?;
+    let spec =
+        SandboxSpec::from_request(request(args)?, &Default::default(), &cfg.limits.resources())?;
     let bundler = Bundler::new(cfg, HostPaths::Untouched)?;
     let out = std::path::absolute(&args.out)?;
     if let Err(e) = bundler.write_bundle_to(&spec, &new_generation(), &out) {
@@ -136,7 +136,12 @@ mod tests {
             std::fs::remove_dir_all(&out).unwrap();
             // A create: the daemon's bundler (as NativeBackend::new makes
             // it), the lifecycle's spec, the function blocking_create calls.
-            let spec = build_spec(request(&a).unwrap(), &Default::default(), &cfg.limits).unwrap();
+            let spec = SandboxSpec::from_request(
+                request(&a).unwrap(),
+                &Default::default(),
+                &cfg.limits.resources(),
+            )
+            .unwrap();
             Bundler::new(&cfg, HostPaths::Prepare)
                 .unwrap()
                 .write_bundle_to(&spec, &new_generation(), &out)

@@ -83,14 +83,10 @@ fn global_env(cfg: &Config) -> anyhow::Result<BTreeMap<String, String>> {
 async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
     match cfg.backend {
         BackendKind::Memory => {
-            let delay = std::env::var("MEMORY_CREATE_DELAY_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
             warn!("memory backend selected: for tests only, sandboxes are not isolated");
             Ok(Arc::new(MemoryBackend::new(
                 &cfg.memory_url_template,
-                Duration::from_millis(delay),
+                Duration::from_millis(cfg.memory_create_delay_ms),
             )?))
         }
         BackendKind::Native => {
@@ -311,11 +307,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let sd = sd.context("systemd environment")?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Ok(n) = std::env::var("SANDBOXD_WORKER_THREADS") {
-        rt.worker_threads(
-            n.parse()
-                .context("SANDBOXD_WORKER_THREADS must be a number")?,
-        );
+    if let Some(n) = cfg.worker_threads {
+        rt.worker_threads(n);
     }
     rt.enable_all()
         .thread_name("sandboxd")

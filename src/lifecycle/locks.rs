@@ -42,10 +42,10 @@ impl Drop for SlotRef<'_> {
     }
 }
 
-/// A proxy pin: holds the id's pin lock shared. Owns its slot reference so
-/// it can outlive the borrow of the lock table (it travels with a response
-/// body).
-pub struct Pin {
+/// A proxy request's guard: holds the id's pin lock shared. Owns its slot
+/// reference so it can outlive the borrow of the lock table (it travels
+/// with a response body).
+pub struct ProxyGuard {
     _guard: OwnedRwLockReadGuard<()>,
     _slot: OwnedSlot,
 }
@@ -108,7 +108,7 @@ impl IdLocks {
     }
 
     /// Pins `id` for a proxy request (waits while a delete holds it).
-    pub async fn pin(self: &Arc<Self>, id: &str) -> Pin {
+    pub async fn pin(self: &Arc<Self>, id: &str) -> ProxyGuard {
         let slot = self.acquire(id);
         let pins = slot.pins.clone();
         let owned = OwnedSlot {
@@ -117,7 +117,7 @@ impl IdLocks {
             slot: Some(slot),
         };
         let guard = pins.read_owned().await;
-        Pin {
+        ProxyGuard {
             _guard: guard,
             _slot: owned,
         }

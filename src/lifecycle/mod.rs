@@ -19,16 +19,15 @@ use crate::backend::{Backend, BackendError, Upstream};
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::model::{
-    validate_sandbox_id, CreateRequest, SandboxRecord, SandboxStatus, ValidationError,
+    validate_sandbox_id, CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus, ValidationError,
 };
 
+mod idle;
 mod locks;
-mod reaper;
-pub mod request;
 #[cfg(test)]
 mod tests;
 
-pub use locks::{IdLocks, Pin};
+pub use locks::{IdLocks, ProxyGuard};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -81,10 +80,11 @@ pub struct Settings {
 
 /// One tracked incarnation. Activity is a touch counter plus a timestamp so
 /// the reaper can tell "touched after I looked" even within a millisecond.
+/// Read and written only with the table's lock held.
 struct Tracked {
     record: SandboxRecord,
-    touches: Arc<AtomicU64>,
-    last_active_ms: Arc<AtomicU64>,
+    touches: u64,
+    last_active_ms: u64,
 }
 
 /// What the reaper observed of one sandbox.
@@ -110,7 +110,7 @@ pub struct Lifecycle {
 /// the pin that keeps a delete waiting until it is dropped.
 pub struct ProxyPin {
     pub record: SandboxRecord,
-    _pin: Pin,
+    _guard: ProxyGuard,
 }
 
 impl Lifecycle {
@@ -152,8 +152,8 @@ impl Lifecycle {
             record.sandbox_id.clone(),
             Tracked {
                 record,
-                touches: Arc::new(AtomicU64::new(0)),
-                last_active_ms: Arc::new(AtomicU64::new(now)),
+                touches: 0,
+                last_active_ms: now,
             },
         );
     }
@@ -165,10 +165,10 @@ impl Lifecycle {
     /// Marks activity of `id`; returns false when it is not tracked.
     pub fn touch(&self, id: &str) -> bool {
         let now = self.now_ms();
-        match self.table().get(id) {
+        match self.table().get_mut(id) {
             Some(t) => {
-                t.touches.fetch_add(1, Ordering::SeqCst);
-                t.last_active_ms.store(now, Ordering::SeqCst);
+                t.touches += 1;
+                t.last_active_ms = now;
                 true
             }
             None => false,
@@ -198,7 +198,11 @@ impl Lifecycle {
 
     /// Create or reuse (see the contract).
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxRecord, LifecycleError> {
-        let spec = request::build_spec(req, &self.settings.global_env, &self.settings.limits)?;
+        let spec = SandboxSpec::from_request(
+            req,
+            &self.settings.global_env,
+            &self.settings.limits.resources(),
+        )?;
         let id = spec.sandbox_id.clone();
         let span = tracing::info_span!("create", sandbox_id = %id, uid = %spec.identity.uid);
         async {
@@ -345,10 +349,7 @@ impl Lifecycle {
                 return Ok(false);
             };
             if let Some(seen) = unless_touched {
-                let now = self
-                    .table()
-                    .get(id)
-                    .map(|t| t.touches.load(Ordering::SeqCst));
+                let now = self.table().get(id).map(|t| t.touches);
                 if now != Some(seen) {
                     info!("sandbox was touched after the reaper looked; kept");
                     return Ok(false);
@@ -406,11 +407,14 @@ impl Lifecycle {
         if self.get(id).is_none() {
             return Err(LifecycleError::NotFound);
         }
-        let pin = self.locks.pin(id).await;
+        let guard = self.locks.pin(id).await;
         // A delete may have run while we waited.
         let record = self.get(id).ok_or(LifecycleError::NotFound)?;
         self.touch(id);
-        Ok(ProxyPin { record, _pin: pin })
+        Ok(ProxyPin {
+            record,
+            _guard: guard,
+        })
     }
 
     /// Opens a connection to the sandbox `id` at `generation` (the proxy's
@@ -505,10 +509,8 @@ impl Lifecycle {
             .map(|t| Observation {
                 id: t.record.sandbox_id.clone(),
                 generation: t.record.generation.clone(),
-                touches: t.touches.load(Ordering::SeqCst),
-                idle: Duration::from_millis(
-                    now.saturating_sub(t.last_active_ms.load(Ordering::SeqCst)),
-                ),
+                touches: t.touches,
+                idle: Duration::from_millis(now.saturating_sub(t.last_active_ms)),
             })
             .collect()
     }
@@ -527,7 +529,7 @@ impl Lifecycle {
 
     /// Starts the idle reaper (when enabled); it runs until the runtime stops.
     pub fn spawn_reaper(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
-        reaper::spawn(self.clone())
+        idle::spawn(self.clone())
     }
 
     /// Number of live per-id lock slots (leak checks in tests).

@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use sandboxd::backend::kube::spec::{build_pod, build_service, SpecConfig};
 use sandboxd::config::Config;
-use sandboxd::lifecycle::request::build_spec;
 use sandboxd::model::SandboxSpec;
 
 const OWNER_UID: &str = "6f1c2a4e-0d0b-4c55-9a3e-5b7f0c1d2e3f";
@@ -33,7 +32,12 @@ fn config() -> Config {
 fn spec_of(body: serde_json::Value) -> SandboxSpec {
     let cfg = config();
     let global = BTreeMap::from([("NODE_GLOBAL".to_string(), "g".to_string())]);
-    build_spec(serde_json::from_value(body).unwrap(), &global, &cfg.limits).unwrap()
+    SandboxSpec::from_request(
+        serde_json::from_value(body).unwrap(),
+        &global,
+        &cfg.limits.resources(),
+    )
+    .unwrap()
 }
 
 fn persistent() -> SandboxSpec {
@@ -79,7 +83,7 @@ fn check_golden(file: &str, value: &impl serde::Serialize) {
 }
 
 fn pods() -> [(&'static str, Pod); 3] {
-    let c = SpecConfig::from_config(&config()).unwrap();
+    let c = SpecConfig::from_config(&config());
     [
         ("pod-persistent.json", build_pod(&persistent(), &c)),
         ("pod-workdir.json", build_pod(&workdir(), &c)),
@@ -92,7 +96,7 @@ fn golden_pods_and_service() {
     for (file, pod) in pods() {
         check_golden(file, &pod);
     }
-    let c = SpecConfig::from_config(&config()).unwrap();
+    let c = SpecConfig::from_config(&config());
     check_golden(
         "service.json",
         &build_service("3f2a9c1b7d44", OWNER_UID, &c),

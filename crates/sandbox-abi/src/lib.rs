@@ -1,11 +1,11 @@
 //! The contract between `sandboxd`'s three programs and its two backends,
 //! with no async runtime: what a create request is and how it is validated
-//! ([`model`]), what a sandbox looks like from inside ([`layout`]), how a
-//! sandbox's identity is written onto what a backend makes ([`labels`]),
-//! the launcher hand-off between the daemon and `sandbox-init`
-//! ([`handoff`]), no-follow host paths ([`paths`]), the one
-//! `/proc/<pid>/stat` parser ([`procfs`]) and crash-injection points for
-//! tests ([`failpoint`], a cargo feature).
+//! ([`model`]) and turned into a sandbox's spec ([`request`]), what a
+//! sandbox looks like from inside ([`layout`]), how a sandbox's identity is
+//! written onto what a backend makes ([`labels`]), the launcher hand-off
+//! between the daemon and `sandbox-init` ([`handoff`]), no-follow host paths
+//! ([`paths`]), the one `/proc/<pid>/stat` parser ([`procfs`]) and
+//! crash-injection points for tests ([`failpoint`], a cargo feature).
 //!
 //! Who may depend on whom is in `docs/architecture.md`: every other crate of
 //! the workspace may use this one; this one uses none of them.
@@ -17,3 +17,4 @@ pub mod layout;
 pub mod model;
 pub mod paths;
 pub mod procfs;
+pub mod request;

@@ -182,8 +182,6 @@ pub struct SandboxSpec {
     pub env: BTreeMap<String, String>,
     /// Effective limits: the request's values or the node defaults.
     pub resources: Resources,
-    /// Whether the caller sent `resources` (kept for the record).
-    pub resources_requested: bool,
 }
 
 /// Effective resource limits of a sandbox.

@@ -1,24 +1,21 @@
 //! The response envelope `{"success", "message", "data"}` and the one place
 //! where errors crossing the HTTP boundary become status codes.
 //!
-//! Owns: [`ApiError`] (status + message), the `From` impls that map every
-//! module's error enum to a status, and the body type every route returns.
-//! Must not know about routes or request shapes.
+//! Owns: [`ApiError`] (status + message) and the `From` impls that map every
+//! module's error enum to a status. Must not know about routes or request
+//! shapes.
 
 use bytes::Bytes;
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::{header, Response, StatusCode};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::body::{full, AgentBody};
 use super::exec::ExecError;
 use super::files::FileError;
 use super::listing::ListingError;
 use super::request::RequestError;
 use super::transfer::TransferError;
-
-/// The body type of every response the agent sends.
-pub type AgentBody = UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// An error on its way to the client: a non-2xx status and a message.
 #[derive(Debug)]
@@ -158,13 +155,6 @@ pub fn json_response(status: StatusCode, body: &Value) -> Response<AgentBody> {
     resp
 }
 
-/// A body from bytes already in memory.
-pub fn full(bytes: Bytes) -> AgentBody {
-    Full::new(bytes)
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
 /// Result of a route handler: a response, or an error to wrap.
 pub type RouteResult = Result<Response<AgentBody>, ApiError>;
 
@@ -176,6 +166,7 @@ pub fn finish(result: RouteResult) -> Response<AgentBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
 
     async fn body_json(resp: Response<AgentBody>) -> Value {
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();

@@ -6,17 +6,19 @@
 //! signal to its children, waits briefly and exits cleanly.
 //!
 //! Layout: [`routes`] dispatch, [`envelope`] response shape and status
-//! mapping, [`request`] body/query decoding, [`exec`] + [`supervise`] +
-//! [`output`] commands, [`reaper`] the single `waitpid` caller, [`shutdown`]
-//! which SIGTERMs stop the agent, [`files`] read/write, [`editor`]
-//! str_replace_editor, [`listing`] list/find, [`transfer`] upload/download,
-//! [`context`] `GET /v1/sandbox`, [`paths`] path resolution.
+//! mapping, [`body`] the response body type, [`request`] body/query
+//! decoding, [`exec`] + [`supervise`] + [`output`] commands, [`reaper`] the
+//! single `waitpid` caller, [`shutdown`] which SIGTERMs stop the agent,
+//! [`files`] read/write, [`editor`] str_replace_editor, [`listing`]
+//! list/find, [`transfer`] upload/download, [`context`] `GET /v1/sandbox`,
+//! [`paths`] path resolution.
 //!
 //! Operator and backend-developer documentation: `docs/agent.md`.
 //!
 //! Must not: use tokio::process or any other `wait` (the reaper owns it),
 //! log request contents (commands and files may hold secrets).
 
+pub mod body;
 pub mod context;
 pub mod editor;
 pub mod envelope;

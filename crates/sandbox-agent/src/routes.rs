@@ -10,9 +10,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::body::AgentBody;
 use super::context::context;
 use super::editor::Editor;
-use super::envelope::{finish, json_response, ok, AgentBody, ApiError, RouteResult};
+use super::envelope::{finish, json_response, ok, ApiError, RouteResult};
 use super::exec::Exec;
 use super::paths::PathBase;
 use super::request::{json_body, query_param};

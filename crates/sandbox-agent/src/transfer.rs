@@ -18,7 +18,7 @@ use hyper::{header, Request, Response};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::envelope::AgentBody;
+use super::body::AgentBody;
 use super::paths::PathBase;
 
 const DOWNLOAD_CHUNK: usize = 64 * 1024;

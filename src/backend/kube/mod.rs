@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tracing::{info, warn, Instrument};
 
 use super::{Backend, BackendError, Upstream};
-use crate::config::Config;
+use crate::config::{Config, ConnectMode};
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 
 mod cache;
@@ -31,7 +31,7 @@ pub mod spec;
 pub mod status;
 
 pub use error::KubeError;
-pub use spec::{ConnectMode, SpecConfig};
+pub use spec::SpecConfig;
 
 use cache::Cache;
 
@@ -57,7 +57,7 @@ impl KubeBackend {
     /// A backend over an existing client (tests point it at a fake API
     /// server).
     pub fn with_client(client: kube::Client, cfg: &Config) -> Result<KubeBackend, KubeError> {
-        let spec = SpecConfig::from_config(cfg)?;
+        let spec = SpecConfig::from_config(cfg);
         if spec.user_data_pvc.is_none() {
             warn!("USER_DATA_PVC is not set: persistent sandboxes get scratch space only");
         }

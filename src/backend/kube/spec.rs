@@ -21,8 +21,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::names;
 use super::prepare;
-use super::KubeError;
-use crate::config::Config;
+use crate::config::{Config, ConnectMode, KubeSeccomp};
 use crate::model::{SandboxSpec, StorageMode};
 use sandbox_abi::layout::{self, GUEST};
 
@@ -37,15 +36,6 @@ pub enum Seccomp {
     /// Our profile, installed on every node under the kubelet seccomp root.
     Localhost(String),
     RuntimeDefault,
-}
-
-/// How the daemon reaches a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectMode {
-    /// `NODE_HOST:<nodePort>` of the sandbox's NodePort Service.
-    NodePort,
-    /// `<podIP>:<container port>` (the daemon runs in the cluster).
-    PodIp,
 }
 
 /// Everything the builders need besides the [`SandboxSpec`].
@@ -63,38 +53,24 @@ pub struct SpecConfig {
 }
 
 impl SpecConfig {
-    /// Reads and checks the Kubernetes settings of `cfg`.
-    pub fn from_config(cfg: &Config) -> Result<SpecConfig, KubeError> {
+    /// The Kubernetes settings of `cfg` (already checked when it was read).
+    pub fn from_config(cfg: &Config) -> SpecConfig {
         let k = &cfg.kubernetes;
-        let seccomp = match k.seccomp.as_str() {
-            "localhost" => Seccomp::Localhost(k.seccomp_localhost_profile.clone()),
-            "runtime-default" => Seccomp::RuntimeDefault,
-            other => {
-                return Err(KubeError::Config(format!(
-                    "kubernetes.seccomp {other:?} is not localhost or runtime-default"
-                )))
-            }
+        let seccomp = match k.seccomp {
+            KubeSeccomp::Localhost => Seccomp::Localhost(k.seccomp_localhost_profile.clone()),
+            KubeSeccomp::RuntimeDefault => Seccomp::RuntimeDefault,
         };
-        let connect_mode = match k.connect_mode.as_str() {
-            "nodeport" => ConnectMode::NodePort,
-            "pod-ip" => ConnectMode::PodIp,
-            other => {
-                return Err(KubeError::Config(format!(
-                    "kubernetes.connect_mode {other:?} is not nodeport or pod-ip"
-                )))
-            }
-        };
-        Ok(SpecConfig {
+        SpecConfig {
             namespace: k.namespace.clone(),
             image: cfg.sandbox_image.clone(),
             container_port: cfg.container_port,
             user_data_pvc: k.user_data_pvc.clone(),
             skills_pvc: k.skills_pvc.clone(),
             seccomp,
-            connect_mode,
+            connect_mode: k.connect_mode,
             home_size_mb: cfg.limits.home_size_mb,
             tmp_size_mb: cfg.limits.tmp_size_mb,
-        })
+        }
     }
 }
 
@@ -358,14 +334,26 @@ mod tests {
 
     #[test]
     fn bad_modes_are_config_errors() {
-        let mut cfg = Config::default();
-        cfg.kubernetes.seccomp = "unconfined".into();
-        assert!(SpecConfig::from_config(&cfg).is_err());
-        let mut cfg = Config::default();
-        cfg.kubernetes.connect_mode = "hostport".into();
-        assert!(SpecConfig::from_config(&cfg).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        for (toml, message) in [
+            (
+                "[kubernetes]\nseccomp = \"unconfined\"\n",
+                "kubernetes.seccomp \"unconfined\" is not localhost or runtime-default",
+            ),
+            (
+                "[kubernetes]\nconnect_mode = \"hostport\"\n",
+                "kubernetes.connect_mode \"hostport\" is not nodeport or pod-ip",
+            ),
+        ] {
+            std::fs::write(&p, toml).unwrap();
+            let e = Config::load(Some(&p), &BTreeMap::new())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(message), "{e}");
+        }
         let cfg = Config::default();
-        let s = SpecConfig::from_config(&cfg).unwrap();
+        let s = SpecConfig::from_config(&cfg);
         assert_eq!(s.connect_mode, ConnectMode::NodePort);
         assert_eq!(
             s.seccomp,

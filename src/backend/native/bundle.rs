@@ -540,7 +540,6 @@ mod tests {
                 cpus: 0.5,
                 pids: 64,
             },
-            resources_requested: false,
         }
     }
 

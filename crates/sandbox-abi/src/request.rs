@@ -3,73 +3,85 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::Limits;
+use crate::layout::GUEST;
 use crate::model::{
     validate_env, validate_name, validate_sandbox_id, validate_workdir, CreateRequest, Identity,
     ResourceRequest, Resources, SandboxSpec, StorageMode, ValidationError, MAX_NAME_LEN,
 };
-use sandbox_abi::layout::GUEST;
 
-/// Validates `req` and builds the spec a backend receives.
-///
-/// Environment, lowest to highest precedence: the node-global env (only when
-/// `inherit_env` is true), the user's env (`null` values become ""), then the
-/// fixed base env. An ephemeral sandbox gets only the fixed base env.
-pub fn build_spec(
-    req: CreateRequest,
-    global_env: &BTreeMap<String, String>,
-    limits: &Limits,
-) -> Result<SandboxSpec, ValidationError> {
-    validate_sandbox_id(&req.sandbox_id)?;
-    validate_name("thread_id", &req.thread_id, MAX_NAME_LEN)?;
-    validate_name("uid", &req.uid, MAX_NAME_LEN)?;
-    let workdir_path = match req.workdir_path.as_deref() {
-        None => None,
-        Some(p) => Some(validate_workdir(p)?),
-    };
-    let inherit_env = req.inherit_env.unwrap_or(true);
-    let storage = if !inherit_env && workdir_path.is_none() {
-        StorageMode::Ephemeral
-    } else {
-        StorageMode::Persistent
-    };
+/// The node's defaults and maxima for sandbox resources (the daemon's
+/// `[limits]`), as far as a create request needs them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResourceLimits {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub max_memory_mb: u64,
+    pub max_cpus: f64,
+    pub max_pids: u64,
+}
 
-    let mut env = BTreeMap::new();
-    if storage == StorageMode::Persistent {
-        if inherit_env {
-            env.extend(global_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+impl SandboxSpec {
+    /// Validates `req` and builds the spec a backend receives.
+    ///
+    /// Environment, lowest to highest precedence: the node-global env (only
+    /// when `inherit_env` is true), the user's env (`null` values become ""),
+    /// then the fixed base env. An ephemeral sandbox gets only the fixed base
+    /// env.
+    pub fn from_request(
+        req: CreateRequest,
+        global_env: &BTreeMap<String, String>,
+        limits: &ResourceLimits,
+    ) -> Result<SandboxSpec, ValidationError> {
+        validate_sandbox_id(&req.sandbox_id)?;
+        validate_name("thread_id", &req.thread_id, MAX_NAME_LEN)?;
+        validate_name("uid", &req.uid, MAX_NAME_LEN)?;
+        let workdir_path = match req.workdir_path.as_deref() {
+            None => None,
+            Some(p) => Some(validate_workdir(p)?),
+        };
+        let inherit_env = req.inherit_env.unwrap_or(true);
+        let storage = if !inherit_env && workdir_path.is_none() {
+            StorageMode::Ephemeral
+        } else {
+            StorageMode::Persistent
+        };
+
+        let mut env = BTreeMap::new();
+        if storage == StorageMode::Persistent {
+            if inherit_env {
+                env.extend(global_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            for (k, v) in req.env.unwrap_or_default() {
+                env.insert(k, v.unwrap_or_default());
+            }
         }
-        for (k, v) in req.env.unwrap_or_default() {
-            env.insert(k, v.unwrap_or_default());
+        for (k, v) in GUEST.fixed_env() {
+            env.insert(k.to_string(), v.to_string());
         }
-    }
-    for (k, v) in GUEST.fixed_env() {
-        env.insert(k.to_string(), v.to_string());
-    }
-    validate_env(&env)?;
+        validate_env(&env)?;
 
-    let resources_requested = req.resources.is_some();
-    let resources = resolve_resources(req.resources.unwrap_or_default(), limits)?;
+        let resources = resolve_resources(req.resources.unwrap_or_default(), limits)?;
 
-    Ok(SandboxSpec {
-        sandbox_id: req.sandbox_id,
-        identity: Identity {
-            thread_id: req.thread_id,
-            uid: req.uid,
-            workdir_path,
-            storage,
-        },
-        env,
-        resources,
-        resources_requested,
-    })
+        Ok(SandboxSpec {
+            sandbox_id: req.sandbox_id,
+            identity: Identity {
+                thread_id: req.thread_id,
+                uid: req.uid,
+                workdir_path,
+                storage,
+            },
+            env,
+            resources,
+        })
+    }
 }
 
 /// Applies node defaults to missing values and refuses values over the node
 /// maxima (never silently lowered: the caller asked for something explicit).
 pub fn resolve_resources(
     req: ResourceRequest,
-    limits: &Limits,
+    limits: &ResourceLimits,
 ) -> Result<Resources, ValidationError> {
     let bad = |field: &'static str, reason: String| ValidationError::BadResources { field, reason };
     let memory_mb = req.memory_mb.unwrap_or(limits.memory_mb);
@@ -116,6 +128,18 @@ pub fn resolve_resources(
 mod tests {
     use super::*;
 
+    /// The daemon's default `[limits]`.
+    fn limits() -> ResourceLimits {
+        ResourceLimits {
+            memory_mb: 2048,
+            cpus: 1.0,
+            pids: 512,
+            max_memory_mb: 8192,
+            max_cpus: 4.0,
+            max_pids: 4096,
+        }
+    }
+
     fn req(json: &str) -> CreateRequest {
         serde_json::from_str(json).unwrap()
     }
@@ -131,10 +155,10 @@ mod tests {
 
     #[test]
     fn env_merge_order() {
-        let s = build_spec(
+        let s = SandboxSpec::from_request(
             req(r#"{"sandbox_id":"a","thread_id":"t","uid":"u","env":{"X":"user","N":null,"HOME":"/evil"}}"#),
             &global(),
-            &Limits::default(),
+            &limits(),
         )
         .unwrap();
         assert_eq!(s.env["G"], "g");
@@ -146,10 +170,10 @@ mod tests {
 
     #[test]
     fn ephemeral_gets_only_fixed_env() {
-        let s = build_spec(
+        let s = SandboxSpec::from_request(
             req(r#"{"sandbox_id":"a","thread_id":"t","uid":"u","inherit_env":false,"env":{"X":"1"}}"#),
             &global(),
-            &Limits::default(),
+            &limits(),
         )
         .unwrap();
         assert_eq!(s.identity.storage, StorageMode::Ephemeral);
@@ -158,10 +182,10 @@ mod tests {
 
     #[test]
     fn inherit_false_with_workdir_is_persistent_without_global() {
-        let s = build_spec(
+        let s = SandboxSpec::from_request(
             req(r#"{"sandbox_id":"a","thread_id":"t","uid":"u","inherit_env":false,"workdir_path":"p/q","env":{"X":"1"}}"#),
             &global(),
-            &Limits::default(),
+            &limits(),
         )
         .unwrap();
         assert_eq!(s.identity.storage, StorageMode::Persistent);
@@ -171,7 +195,7 @@ mod tests {
 
     #[test]
     fn resources_capped() {
-        let l = Limits::default();
+        let l = limits();
         let r = resolve_resources(ResourceRequest::default(), &l).unwrap();
         assert_eq!(r.memory_mb, l.memory_mb);
         let over = ResourceRequest {
@@ -201,7 +225,7 @@ mod tests {
             r#"{"sandbox_id":"a","thread_id":"t","uid":"u","env":{"A=B":"x"}}"#,
         ] {
             assert!(
-                build_spec(req(body), &global(), &Limits::default()).is_err(),
+                SandboxSpec::from_request(req(body), &global(), &limits()).is_err(),
                 "{body}"
             );
         }
