@@ -291,6 +291,11 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
+    /// The config file `token` was read from (None when it came from the
+    /// environment or is unset): a file holding the token must be root's
+    /// and unreadable by others, which `serve` checks.
+    #[serde(skip)]
+    pub token_origin: Option<PathBuf>,
     pub public_url: Option<String>,
     pub sandbox_image: String,
     pub container_port: u16,
@@ -335,6 +340,7 @@ impl Default for Config {
             state_dir: PathBuf::from("/var/lib/sandboxd"),
             token: None,
             token_file: None,
+            token_origin: None,
             public_url: None,
             sandbox_image: "sandboxd-host".to_string(),
             container_port: 8080,
@@ -397,7 +403,7 @@ enum Setter {
 #[rustfmt::skip]
 const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("PROVISIONER_BACKEND", Setter::Parsed(set_backend)),
-    ("SANDBOX_PROVISIONER_TOKEN", Setter::Any(|c, v| { c.token = Some(v.into()); Ok(()) })),
+    ("SANDBOX_PROVISIONER_TOKEN", Setter::Any(|c, v| { c.token = Some(v.into()); c.token_origin = None; Ok(()) })),
     ("SANDBOXD_TOKEN_FILE", Setter::Text(|c, v| c.token_file = Some(v.into()))),
     ("PROVISIONER_PUBLIC_URL", Setter::Text(|c, v| c.public_url = Some(v))),
     ("SANDBOX_IMAGE", Setter::Text(|c, v| c.sandbox_image = v)),
@@ -487,10 +493,14 @@ impl Config {
                     path: path.clone(),
                     source,
                 })?;
-                toml::from_str::<Config>(&text).map_err(|e| ConfigError::Parse {
+                let mut c = toml::from_str::<Config>(&text).map_err(|e| ConfigError::Parse {
                     path: path.clone(),
                     message: e.to_string(),
-                })?
+                })?;
+                if c.token.is_some() {
+                    c.token_origin = Some(path.clone());
+                }
+                c
             }
             None => Config::default(),
         };

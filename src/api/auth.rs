@@ -28,6 +28,41 @@ pub enum AuthError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} holds the API token but its mode is {mode:04o} (readable or writable by group or others): run `chmod 600 {path}`")]
+    Exposed { path: PathBuf, mode: u32 },
+    #[error("{path} holds the API token but is owned by uid {uid}, not root: run `chown root:root {path}`")]
+    NotOwned { path: PathBuf, uid: u32 },
+    #[error("cannot check {path}: {source}")]
+    Stat {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Refuses a file holding the token (the config file with `token`, the
+/// `token_file`, the stored token) that is not root's (or, for a daemon not
+/// run as root, its own user's) or that group or others may read or write.
+pub fn check_secret_file(path: &Path) -> Result<(), AuthError> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(path).map_err(|source| AuthError::Stat {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    if md.uid() != 0 && md.uid() != me {
+        return Err(AuthError::NotOwned {
+            path: path.to_path_buf(),
+            uid: md.uid(),
+        });
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(AuthError::Exposed {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
 }
 
 /// The configured token. `Debug` never prints it.
@@ -79,6 +114,7 @@ pub fn load_token(
         return Token::new(v.to_string());
     }
     if let Some(path) = token_file {
+        check_secret_file(path)?;
         let text = std::fs::read_to_string(path).map_err(|source| AuthError::ReadFile {
             path: path.to_path_buf(),
             source,
@@ -91,6 +127,7 @@ pub fn load_token(
     let path = state_dir.join("token");
     match std::fs::read_to_string(&path) {
         Ok(text) => {
+            check_secret_file(&path)?;
             info!(path = %path.display(), "using the API token stored in the state dir");
             Token::new(text.trim_end_matches('\n').to_string())
         }

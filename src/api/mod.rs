@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 use crate::lifecycle::Lifecycle;
 
 pub mod auth;
+pub mod conns;
 pub mod error;
 pub mod proxy;
 pub mod routes;
@@ -34,6 +35,8 @@ pub struct AppState {
     /// `PROVISIONER_PUBLIC_URL` without trailing slash.
     pub public_url: String,
     pub client: proxy::ProxyClient,
+    /// Connections that have not authenticated yet (capped, see [`conns`]).
+    pub unauth: conns::UnauthConns,
 }
 
 impl AppState {
@@ -44,6 +47,7 @@ impl AppState {
             token,
             public_url,
             client,
+            unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
         }
     }
 }
@@ -134,19 +138,44 @@ fn spawn_conn<S>(state: &Arc<AppState>, graceful: &Arc<GracefulShutdown>, stream
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let state = state.clone();
+    let (conn_id, eviction, evicted) = state.unauth.register();
+    if evicted > 0 {
+        debug!(
+            evicted,
+            cap = state.unauth.cap(),
+            "closed the oldest unauthenticated connection(s) to make room"
+        );
+    }
+    let svc_state = state.clone();
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
         .keep_alive(true)
         .serve_connection(
             TokioIo::new(stream),
-            service_fn(move |req| routes::handle(state.clone(), req)),
+            service_fn(move |req| {
+                let authed = svc_state.token.check(
+                    req.headers()
+                        .get(http::header::AUTHORIZATION)
+                        .map(|v| v.as_bytes()),
+                );
+                if authed {
+                    svc_state.unauth.forget(conn_id);
+                }
+                routes::handle(svc_state.clone(), req)
+            }),
         );
     let conn = graceful.watch(conn);
+    let state = state.clone();
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            debug!(error = %e, "connection ended with an error");
+        tokio::select! {
+            r = conn => {
+                if let Err(e) = r {
+                    debug!(error = %e, "connection ended with an error");
+                }
+            }
+            () = eviction.wait() => {}
         }
+        state.unauth.forget(conn_id);
     });
 }

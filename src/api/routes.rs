@@ -113,6 +113,9 @@ fn error_response(e: &ApiError) -> Response<RespBody> {
     if let ApiError::Unauthorized = e {
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("valid"));
+        // An unauthenticated client keeps no connection alive.
+        r.headers_mut()
+            .insert(header::CONNECTION, "close".parse().expect("valid"));
     }
     r
 }

@@ -10,10 +10,21 @@ pub mod ops;
 pub mod seccomp;
 pub mod serve;
 
+/// `--version`: the package version, plus ` (failpoints)` in test builds.
+const VERSION: &str = const_format_version();
+
+const fn const_format_version() -> &'static str {
+    if sandbox_abi::failpoint::ENABLED {
+        concat!(env!("CARGO_PKG_VERSION"), " (failpoints)")
+    } else {
+        env!("CARGO_PKG_VERSION")
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sandboxd",
-    version,
+    version = VERSION,
     about = "Node-local sandbox runtime for AI-agent platforms"
 )]
 pub struct Cli {

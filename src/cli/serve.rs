@@ -216,6 +216,9 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         std::fs::set_permissions(&cfg.state_dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot restrict state dir {}", cfg.state_dir.display()))?;
     }
+    if let Some(origin) = &cfg.token_origin {
+        auth::check_secret_file(origin)?;
+    }
     let token = auth::load_token(
         cfg.token.as_deref(),
         cfg.token_file.as_deref(),

@@ -662,3 +662,47 @@ async fn upstream_connections_are_kept_alive() {
     let (_, v) = d.json("GET", "/api/sandboxes/ka/proxy/echo", None).await;
     assert!(!peers.contains(v["peer"].as_str().unwrap()));
 }
+
+/// Hardening: connections that never authenticate are capped (the oldest is
+/// closed to make room, so the platform's own new connection always gets
+/// in), and a `401` closes its connection.
+#[tokio::test]
+async fn unauthenticated_connections_are_capped_and_a_401_closes() {
+    use std::io::{Read, Write};
+    let d = Daemon::start_memory(&[]);
+    let addr = d.addr;
+    let idle: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    // The platform's request still gets through, on a new connection.
+    let (s, _) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(s, 200);
+    // The oldest idle connections were closed by the daemon.
+    let mut closed = 0;
+    for mut c in idle.into_iter().take(40) {
+        c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        if matches!(c.read(&mut b), Ok(0)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(
+        closed, 40,
+        "the oldest unauthenticated connections stayed open"
+    );
+    // A 401 answers `Connection: close` and the daemon closes the socket.
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    c.write_all(b"GET /api/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text)
+        .expect("the daemon closes after a 401");
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+}

@@ -143,3 +143,41 @@ async fn config_file_values_apply_and_env_wins() {
     assert_eq!(h["idle_timeout_seconds"], 1000);
     assert_eq!(h["idle_check_interval_seconds"], 7);
 }
+
+/// Hardening: a file holding the token (the config file with `token`, the
+/// `token_file`) that group or others may read is refused at start with the
+/// file named and the fix; mode 0600 starts.
+#[test]
+fn files_holding_the_token_must_be_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, format!("token = \"{TOKEN}\"\n")).unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = serve_fails(
+        &[],
+        &["--listen", "127.0.0.1:0", "--config", cfg.to_str().unwrap()],
+    );
+    assert!(e.contains("c.toml") && e.contains("0644"), "{e}");
+    assert!(e.contains(&format!("chmod 600 {}", cfg.display())), "{e}");
+
+    let tf = dir.path().join("token");
+    std::fs::write(&tf, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&tf, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let e = serve_fails(
+        &[("SANDBOXD_TOKEN_FILE", tf.to_str().unwrap())],
+        &["--listen", "127.0.0.1:0"],
+    );
+    assert!(e.contains("0640") && e.contains("chmod 600"), "{e}");
+    if nix::unistd::geteuid().is_root() {
+        std::fs::set_permissions(&tf, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&tf, Some(4242), None).unwrap();
+        let e = serve_fails(
+            &[("SANDBOXD_TOKEN_FILE", tf.to_str().unwrap())],
+            &["--listen", "127.0.0.1:0"],
+        );
+        assert!(
+            e.contains("uid 4242") && e.contains("chown root:root"),
+            "{e}"
+        );
+    }
+}

@@ -377,9 +377,7 @@ async fn a_workdir_swapped_for_a_symlink_after_the_check_is_never_entered() {
     if !privileged("a_workdir_swapped_for_a_symlink_after_the_check_is_never_entered") {
         return;
     }
-    if !sandboxd::failpoint::ENABLED {
-        panic!("failpoints are compiled only with the failpoints feature (cargo test enables it)");
-    }
+    common::require_failpoints();
     let dirs = NativeDirs::new();
     let pause = tempfile::tempdir().unwrap();
     let resume = pause.path().join("resume");

@@ -295,10 +295,7 @@ async fn a_crash_during_create_leaks_nothing() {
     if !privileged("a_crash_during_create_leaks_nothing") {
         return;
     }
-    if !sandboxd::failpoint::ENABLED {
-        eprintln!("\n*** SKIPPED a_crash_during_create_leaks_nothing: failpoints are compiled only with the failpoints feature ***\n");
-        return;
-    }
+    common::require_failpoints();
     let dirs = NativeDirs::new();
     common::mkdir_user(&dirs.workspace("u1").join("proj"));
     let mut state = tempfile::tempdir().unwrap();
@@ -356,10 +353,7 @@ async fn a_crash_during_delete_leaks_nothing() {
     if !privileged("a_crash_during_delete_leaks_nothing") {
         return;
     }
-    if !sandboxd::failpoint::ENABLED {
-        eprintln!("\n*** SKIPPED a_crash_during_delete_leaks_nothing: failpoints are compiled only with the failpoints feature ***\n");
-        return;
-    }
+    common::require_failpoints();
     let dirs = NativeDirs::new();
     common::mkdir_user(&dirs.workspace("u1").join("proj"));
     let mut state = tempfile::tempdir().unwrap();
@@ -395,10 +389,7 @@ async fn a_launch_timeout_before_the_pid_kills_everything() {
     if !privileged("a_launch_timeout_before_the_pid_kills_everything") {
         return;
     }
-    if !sandboxd::failpoint::ENABLED {
-        eprintln!("\n*** SKIPPED a_launch_timeout_before_the_pid_kills_everything: failpoints are compiled only with the failpoints feature ***\n");
-        return;
-    }
+    common::require_failpoints();
     let dirs = NativeDirs::new();
     let state = tempfile::tempdir().unwrap();
     let before = snapshot(&dirs, state.path(), None);

@@ -37,6 +37,17 @@ pub const DAEMON_PID_ENV: &str = "SANDBOXD_FAILPOINT_DAEMON_PID";
 /// rather than assume it).
 pub const ENABLED: bool = cfg!(feature = "failpoints");
 
+/// `version` with ` (failpoints)` appended when they are compiled in, for
+/// `--version` outputs: a test can tell a binary built by `cargo build`
+/// (none) from one built by `cargo test` (with them).
+pub const fn version_suffix() -> &'static str {
+    if ENABLED {
+        " (failpoints)"
+    } else {
+        ""
+    }
+}
+
 /// Every crash-injection point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Point {

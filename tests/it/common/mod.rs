@@ -222,6 +222,28 @@ pub fn create_body(id: &str, thread: &str, uid: &str) -> serde_json::Value {
 
 /// True when privileged tests can run; prints a loud reason otherwise (and
 /// fails under CI, which runs as root).
+/// Failpoint tests need the test's own build of the binaries: `cargo test`
+/// builds `sandboxd` and `sandbox-init` with the `failpoints` feature, a
+/// plain `cargo build` rebuilds them without it. Fails with the fix named.
+pub fn require_failpoints() {
+    // (the test binary itself always has them: the dev-dependency turns
+    // the feature on)
+    for bin in [
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")),
+        sibling_bin("sandbox-init"),
+    ] {
+        let out = Command::new(&bin).arg("--version").output().unwrap();
+        let v = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            v.contains("(failpoints)"),
+            "{} was built without failpoints ({}): a plain `cargo build` replaced the test \
+             build; run `cargo test --workspace` (it rebuilds both)",
+            bin.display(),
+            v.trim()
+        );
+    }
+}
+
 pub fn privileged(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
