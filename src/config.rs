@@ -213,6 +213,10 @@ pub struct NativeConfig {
     pub seccomp_profile: Option<PathBuf>,
     /// Parent cgroup of all sandboxes (relative to the cgroup root).
     pub cgroup_parent: String,
+    /// Show the host's `/usr/local` inside sandboxes when `/usr` is bound
+    /// (default false: an empty read-only tmpfs hides it, since what an
+    /// operator installs there by hand is not part of the sandbox image).
+    pub expose_usr_local: bool,
 }
 
 impl Default for NativeConfig {
@@ -243,6 +247,7 @@ impl Default for NativeConfig {
             base_spec: None,
             seccomp_profile: None,
             cgroup_parent: "sandboxd".to_string(),
+            expose_usr_local: false,
         }
     }
 }
@@ -425,6 +430,7 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_UNIX_SOCKET", Setter::Text(|c, v| c.unix_socket = Some(v.into()))),
     ("SANDBOXD_STATE_DIR", Setter::Text(|c, v| c.state_dir = v.into())),
     ("SANDBOXD_CGROUP_PARENT", Setter::Text(|c, v| c.native.cgroup_parent = v)),
+    ("SANDBOXD_EXPOSE_USR_LOCAL", Setter::Any(|c, v| parse_bool_into(&mut c.native.expose_usr_local, v))),
     ("SANDBOXD_SANDBOX_ENV_FILE", Setter::Text(|c, v| c.sandbox_env_file = Some(v.into()))),
     ("MEMORY_SANDBOX_URL_TEMPLATE", Setter::Text(|c, v| c.memory_url_template = v)),
     ("SANDBOXD_ALLOW_NON_LOOPBACK", Setter::Any(|c, v| parse_bool_into(&mut c.allow_non_loopback, v))),

@@ -22,6 +22,9 @@ pub enum ApiError {
     Lifecycle(#[from] LifecycleError),
     #[error("{0}")]
     BadGateway(String),
+    /// A 404 with its own explanation (the route exists).
+    #[error("{0}")]
+    NotFoundDetail(String),
 }
 
 impl ApiError {
@@ -33,6 +36,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::NotFoundDetail(_) => StatusCode::NOT_FOUND,
             ApiError::Lifecycle(e) => match e {
                 LifecycleError::Validation(_) | LifecycleError::IdentityMismatch(_) => {
                     StatusCode::BAD_REQUEST
@@ -62,6 +66,7 @@ impl ApiError {
             ApiError::TooLarge(_) => "too_large",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::BadGateway(_) => "bad_gateway",
+            ApiError::NotFoundDetail(_) => "not_found",
             ApiError::Lifecycle(e) => e.kind(),
         }
     }

@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 
 use super::error::ApiError;
 use super::{proxy, AppState, RespBody};
+use crate::lifecycle::LifecycleError;
 use crate::model::{validate_sandbox_id, CreateRequest, SandboxRecord};
 
 /// Largest accepted JSON request body.
@@ -38,6 +39,7 @@ enum Route<'a> {
     Quiesce,
     Sandbox(&'a str),
     Touch(&'a str),
+    Logs(&'a str),
     Proxy(&'a str, &'a str),
 }
 
@@ -62,6 +64,7 @@ impl Route<'_> {
             "" if id == "quiesce" => Some(Route::Quiesce),
             "" => Some(Route::Sandbox(id)),
             "/touch" => Some(Route::Touch(id)),
+            "/logs" => Some(Route::Logs(id)),
             "/proxy" => Some(Route::Proxy(id, "")),
             t => t.strip_prefix("/proxy/").map(|p| Route::Proxy(id, p)),
         }
@@ -70,7 +73,7 @@ impl Route<'_> {
     /// The id of a single-sandbox route (`quiesce` is a valid id too).
     fn sandbox_id(&self) -> &str {
         match self {
-            Route::Sandbox(id) | Route::Touch(id) | Route::Proxy(id, _) => id,
+            Route::Sandbox(id) | Route::Touch(id) | Route::Logs(id) | Route::Proxy(id, _) => id,
             _ => "quiesce",
         }
     }
@@ -83,6 +86,7 @@ impl Route<'_> {
             Route::Quiesce => "GET, POST, DELETE",
             Route::Sandbox(_) => "GET, DELETE",
             Route::Touch(_) => "POST",
+            Route::Logs(_) => "GET",
             Route::Proxy(..) => "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS",
         }
     }
@@ -316,6 +320,23 @@ async fn route(
                 StatusCode::OK,
                 &json!({ "ok": true, "sandbox_id": id, "status": record.status.as_str() }),
             ))
+        }
+        (Route::Logs(id), &Method::GET) => {
+            // The recent output of PID 1; not activity (an operator looking
+            // does not keep a sandbox alive).
+            valid_id(id)?;
+            lc.record(id).ok_or(LifecycleError::NotFound)?;
+            let text = lc.backend().logs(id).ok_or_else(|| {
+                ApiError::NotFoundDetail(format!(
+                    "the {} backend keeps no output of its sandboxes",
+                    lc.backend().name()
+                ))
+            })?;
+            Ok(Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .body(full(text))
+                .expect("static response parts are valid"))
         }
         (Route::Proxy(id, rest), m) if PROXY_METHODS.contains(m) => {
             valid_id(id)?;

@@ -101,4 +101,10 @@ pub trait Backend: Send + Sync + 'static {
     fn path_prefix(&self, _record: &SandboxRecord) -> String {
         String::new()
     }
+
+    /// The recent output of the sandbox's PID 1 (bounded, with timestamps),
+    /// when the backend keeps it; `None` otherwise.
+    fn logs(&self, _sandbox_id: &str) -> Option<String> {
+        None
+    }
 }

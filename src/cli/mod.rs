@@ -47,6 +47,8 @@ pub enum Command {
     Inspect(ops::InspectArgs),
     /// Delete a sandbox through the local daemon.
     Rm(ops::RmArgs),
+    /// Print the recent output (last 64 KiB, timestamped) of a sandbox's PID 1.
+    Logs(ops::InspectArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -77,6 +79,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Seccomp(cmd) => seccomp::run(cmd),
         Command::Ls(t) => ops::ls(t),
         Command::Inspect(a) => ops::inspect(a),
+        Command::Logs(a) => ops::logs(a),
         Command::Rm(a) => ops::rm(a),
     }
 }

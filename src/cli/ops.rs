@@ -133,6 +133,12 @@ impl Api {
 
     /// Sends one request; returns the status and the JSON body.
     fn call(&self, method: &str, path: &str) -> anyhow::Result<(u16, Value)> {
+        let (status, body) = self.call_raw(method, path)?;
+        Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+    }
+
+    /// Like [`call`](Self::call), the body as bytes.
+    fn call_raw(&self, method: &str, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\
              Content-Length: 0\r\nConnection: close\r\n\r\n",
@@ -191,7 +197,7 @@ fn connect_addr(listen: &str) -> anyhow::Result<String> {
     Ok(a.to_string())
 }
 
-fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Value)> {
+fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -210,8 +216,7 @@ fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Value)> {
     if chunked {
         body = dechunk(&body)?;
     }
-    let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    Ok((status, v))
+    Ok((status, body))
 }
 
 fn dechunk(mut b: &[u8]) -> anyhow::Result<Vec<u8>> {
@@ -330,6 +335,24 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// `sandboxd logs ID`: the recent output of the sandbox's PID 1 (the
+/// daemon keeps the last 64 KiB per sandbox, with timestamps).
+pub fn logs(a: InspectArgs) -> anyhow::Result<i32> {
+    check_id(&a.id)?;
+    let api = Api::from_target(&a.target)?;
+    let (status, body) = api.call_raw("GET", &format!("/api/sandboxes/{}/logs", a.id))?;
+    match status {
+        200 => {
+            std::io::stdout().write_all(&body)?;
+            Ok(0)
+        }
+        s => {
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            bail!("logs of sandbox {} ({s}): {}", a.id, detail(&v))
+        }
+    }
+}
+
 /// `sandboxd rm ID [--expected-generation G]`.
 pub fn rm(a: RmArgs) -> anyhow::Result<i32> {
     check_id(&a.id)?;
@@ -369,18 +392,19 @@ mod tests {
 
     #[test]
     fn parses_responses() {
-        let (s, v) = parse_response(
+        let json = |b: Vec<u8>| serde_json::from_slice::<Value>(&b).unwrap();
+        let (s, b) = parse_response(
             b"HTTP/1.1 409 Conflict\r\ncontent-length: 13\r\n\r\n{\"detail\":\"x\"}",
         )
         .unwrap();
         assert_eq!(s, 409);
-        assert_eq!(detail(&v), "x");
-        let (s, v) = parse_response(
+        assert_eq!(detail(&json(b)), "x");
+        let (s, b) = parse_response(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n",
         )
         .unwrap();
         assert_eq!(s, 200);
-        assert_eq!(v["a"], 1);
+        assert_eq!(json(b)["a"], 1);
     }
 
     #[test]

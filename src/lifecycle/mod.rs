@@ -175,6 +175,11 @@ impl Lifecycle {
         }
     }
 
+    /// The tracked record of `id`, if any (no activity, no backend call).
+    pub fn record(&self, id: &str) -> Option<SandboxRecord> {
+        self.get(id)
+    }
+
     /// Number of tracked sandboxes.
     pub fn tracked_count(&self) -> usize {
         self.table().len()

@@ -360,3 +360,145 @@ async fn one_sandbox_cannot_exhaust_the_shared_inotify_instances() {
         .await;
     assert_eq!((out.as_str(), code), ("True\n", 0));
 }
+
+/// Hardening: in host mode the host's `/usr/local` (what an operator
+/// installed by hand) is hidden under an empty read-only tmpfs unless
+/// `[native] expose_usr_local` says otherwise.
+#[tokio::test]
+async fn host_usr_local_is_hidden_unless_exposed() {
+    if !privileged("host_usr_local_is_hidden_unless_exposed") {
+        return;
+    }
+    let host_entries = std::fs::read_dir("/usr/local")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(
+        host_entries > 0,
+        "this host has an empty /usr/local: nothing to hide"
+    );
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let (s, v) = d
+        .create(json!({"sandbox_id": "usrlocal", "thread_id": "t", "uid": "u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (out, _) = d
+        .exec(
+            "usrlocal",
+            "ls -A /usr/local | wc -l; touch /usr/local/x 2>/dev/null || echo ro",
+        )
+        .await;
+    assert_eq!(out, "0\nro\n");
+    drop(d);
+    let d = Daemon::start_native(&dirs, &[("SANDBOXD_EXPOSE_USR_LOCAL", "true")]);
+    let (s, v) = d
+        .create(json!({"sandbox_id": "usrlocal2", "thread_id": "t", "uid": "u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (out, _) = d.exec("usrlocal2", "ls -A /usr/local | wc -l").await;
+    assert_eq!(out.trim(), host_entries.to_string());
+}
+
+/// Total size of the regular files below `dir`.
+fn tree_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            total += tree_bytes(&e.path());
+        } else if t.is_file() {
+            total += e.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// Hardening: a sandbox that makes its PID 1 log as fast as it can (a
+/// `kill -TERM 1` loop, which the agent ignores with a warning, plus a
+/// stream of requests, each logged) for 10 s cannot grow the host's disk:
+/// the output goes through a FIFO into a bounded ring, the daemon's log
+/// gets a rate-limited copy, and `GET /api/sandboxes/{id}/logs` shows the
+/// last lines with timestamps.
+#[tokio::test]
+async fn a_sandbox_spamming_its_output_cannot_fill_the_disk() {
+    if !privileged("a_sandbox_spamming_its_output_cannot_fill_the_disk") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let (s, v) = d
+        .create(json!({"sandbox_id": "spam", "thread_id": "t", "uid": "u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let before = tree_bytes(d.state_dir.path());
+    let (_, code) = d
+        .exec(
+            "spam",
+            "nohup bash -c 'end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do kill -TERM 1; done' \
+             >/dev/null 2>&1 & echo started",
+        )
+        .await;
+    assert_eq!(code, 0);
+    let started = std::time::Instant::now();
+    let mut requests = 0;
+    while started.elapsed() < std::time::Duration::from_secs(10) {
+        let (s, _) = d
+            .json("GET", "/api/sandboxes/spam/proxy/v1/sandbox", None)
+            .await;
+        assert_eq!(s, 200);
+        requests += 1;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let grown = tree_bytes(d.state_dir.path()).saturating_sub(before);
+    eprintln!("state dir grew {grown} bytes over 10 s ({requests} requests)");
+    assert!(grown < 1 << 20, "the state dir grew {grown} bytes");
+    // The ring: recent lines, timestamped, bounded.
+    let (s, _, body) = d
+        .call("GET", "/api/sandboxes/spam/logs", None, Some(common::TOKEN))
+        .await;
+    assert_eq!(s, 200);
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.len() < 128 * 1024, "{} bytes", text.len());
+    let last = text.lines().last().unwrap_or_default();
+    let stamp = last.split_whitespace().next().unwrap_or_default();
+    assert!(
+        stamp.contains('.') && stamp.split('.').all(|p| p.parse::<u64>().is_ok()),
+        "{last}"
+    );
+    assert!(text.contains("ignoring SIGTERM"), "{text}");
+    // The same through the operator CLI.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["logs", "spam", "--url", &format!("http://{}", d.addr)])
+        .env("SANDBOX_PROVISIONER_TOKEN", common::TOKEN)
+        .env_remove("SANDBOXD_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ignoring SIGTERM"));
+    // The daemon's own log got a bounded copy.
+    let copied = d
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("ignoring SIGTERM"))
+        .count();
+    assert!(
+        copied < 500,
+        "{copied} lines of the sandbox's output in the daemon log"
+    );
+    // Unknown sandbox: 404.
+    let (s, _, _) = d
+        .call(
+            "GET",
+            "/api/sandboxes/nosuch/logs",
+            None,
+            Some(common::TOKEN),
+        )
+        .await;
+    assert_eq!(s, 404);
+}

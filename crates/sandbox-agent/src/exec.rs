@@ -221,14 +221,17 @@ impl Exec {
                 ("hard_timeout", TIMEOUT_EXIT_CODE)
             }
         };
-        tracing::info!(
-            session_id,
-            pid,
-            status,
-            exit_code,
-            elapsed_ms = start.elapsed().as_millis() as u64,
-            "exec finished"
-        );
+        if let Some(left_out) = crate::loglimit::EXECS.admit() {
+            tracing::info!(
+                session_id,
+                pid,
+                status,
+                exit_code,
+                elapsed_ms = start.elapsed().as_millis() as u64,
+                left_out,
+                "exec finished"
+            );
+        }
         Ok(ExecResult {
             session_id,
             command: req.command,

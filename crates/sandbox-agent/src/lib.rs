@@ -25,6 +25,7 @@ pub mod envelope;
 pub mod exec;
 pub mod files;
 pub mod listing;
+pub mod loglimit;
 pub mod output;
 pub mod paths;
 pub mod reaper;

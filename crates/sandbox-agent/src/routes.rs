@@ -59,13 +59,16 @@ impl Routes {
         let span = tracing::info_span!("request", %method, path);
         let start = Instant::now();
         let resp = finish(self.route(req).instrument(span.clone()).await);
-        span.in_scope(|| {
-            tracing::info!(
-                status = resp.status().as_u16(),
-                elapsed_ms = start.elapsed().as_millis() as u64,
-                "handled"
-            )
-        });
+        if let Some(left_out) = crate::loglimit::REQUESTS.admit() {
+            span.in_scope(|| {
+                tracing::info!(
+                    status = resp.status().as_u16(),
+                    elapsed_ms = start.elapsed().as_millis() as u64,
+                    left_out,
+                    "handled"
+                )
+            });
+        }
         resp
     }
 

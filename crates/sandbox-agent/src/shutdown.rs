@@ -95,7 +95,9 @@ impl TermSignal {
         loop {
             match self.reader.read(&mut byte).await {
                 Ok(1) if byte[0] == b'I' => {
-                    tracing::warn!("ignoring SIGTERM sent from inside the sandbox");
+                    if let Some(left_out) = crate::loglimit::SIGTERMS.admit() {
+                        tracing::warn!(left_out, "ignoring SIGTERM sent from inside the sandbox");
+                    }
                 }
                 Ok(_) => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

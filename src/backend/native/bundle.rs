@@ -71,6 +71,9 @@ pub struct HostLayout {
     pub agent_path: PathBuf,
     /// Host paths bound read-only into the rootfs: (source, destination).
     pub rootfs_binds: Vec<(PathBuf, PathBuf)>,
+    /// Cover the host's `/usr/local` (under a bound `/usr`) with an empty
+    /// read-only tmpfs (`[native] expose_usr_local = false`, the default).
+    pub hide_usr_local: bool,
     pub container_port: u16,
     pub limits: Limits,
 }
@@ -166,6 +169,20 @@ pub fn build_spec(
             "bind",
             src,
             &["rbind", "ro", "nosuid", "nodev"],
+        )?);
+    }
+    // What an operator installed by hand under /usr/local is not part of
+    // the sandbox's userland: an empty read-only tmpfs covers it.
+    let usr_bound = host
+        .rootfs_binds
+        .iter()
+        .any(|(_, d)| d == Path::new("/usr"));
+    if host.hide_usr_local && usr_bound {
+        mounts.push(mount(
+            "/usr/local",
+            "tmpfs",
+            Path::new("tmpfs"),
+            &["ro", "nosuid", "nodev", "noexec", "size=4k", "mode=755"],
         )?);
     }
     for name in ["passwd", "group", "hosts", "resolv.conf", "hostname"] {
@@ -517,6 +534,7 @@ mod tests {
             skills_root: "/data/sk".into(),
             agent_path: "/opt/sandbox-agent".into(),
             rootfs_binds: vec![("/usr".into(), "/usr".into())],
+            hide_usr_local: true,
             container_port: 8080,
             limits: Limits::default(),
         }

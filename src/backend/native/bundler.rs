@@ -135,6 +135,7 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
         skills_root,
         agent_path,
         rootfs_binds: HostLayout::resolve_binds(&cfg.native),
+        hide_usr_local: !cfg.native.expose_usr_local,
         container_port: cfg.container_port,
         limits: cfg.limits.clone(),
     })

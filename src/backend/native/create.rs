@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::proc::{self, ProcHandle};
 use super::state::{Phase, SandboxState};
-use super::{launch, paths, record_of, Live, NativeBackend, NativeError};
+use super::{launch, output, paths, record_of, Live, NativeBackend, NativeError};
 use crate::model::{
     new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
 };
@@ -105,11 +105,27 @@ impl NativeBackend {
         self.bundler
             .write_bundle_to(spec, &generation, &bundle_dir)?;
         failpoint::hit(Point::CreateAfterBundle);
+        // PID 1's stdout and stderr: a FIFO the daemon drains (never a
+        // file a sandbox could grow without bound).
+        let fifo = output::fifo_path(&self.state.sandbox_dir(id));
+        let out_r = output::open_read(&fifo).map_err(|source| NativeError::Output {
+            path: fifo.clone(),
+            source,
+        })?;
+        let out_w = output::open_write(&fifo).map_err(|source| NativeError::Output {
+            path: fifo.clone(),
+            source,
+        })?;
+        let out = Arc::new(output::Output::new(id, &generation));
+        let tail = || {
+            out.read_available(&out_r);
+            out.tail(4096)
+        };
         let mut save_err = None;
         let launched = launch::launch(
             &self.init_path,
             &bundle_dir,
-            &self.state.log_path(id),
+            out_w,
             timeout,
             &mut |pid| {
                 // Record the PID (and its start time) at once, before
@@ -128,6 +144,7 @@ impl NativeBackend {
                     proc::reap_if_zombie(pid);
                 }
             },
+            &tail,
         );
         if let Some(e) = save_err {
             return Err(e.into());
@@ -150,6 +167,7 @@ impl NativeBackend {
         self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterRunning);
         made.commit();
+        self.outputs.start(id, out, out_r);
         let record = record_of(&st, SandboxStatus::Running);
         self.track(Live {
             record: record.clone(),

@@ -58,6 +58,11 @@ pub enum NativeError {
     /// The base spec cannot be read, or the bundle not built or written.
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    #[error("cannot set up the output FIFO {path}: {source}")]
+    Output {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// Layout detection, the daemon's leaf, or the sandbox's cgroup.
     #[error(transparent)]
     Cgroup(#[from] CgroupError),

@@ -116,24 +116,21 @@ fn read_reports(
 /// readiness, so the caller can record it at once). On a timeout before
 /// the report ends the launcher itself is killed; what it may have forked
 /// already is in the sandbox's cgroup, which the caller kills.
+///
+/// `output` becomes the launcher's (and so the agent's) stdout and stderr;
+/// `tail` renders what was written to it so far, for error messages.
 pub fn launch(
     init: &Path,
     bundle: &Path,
-    log: &Path,
+    output: OwnedFd,
     timeout: Duration,
     on_pid: &mut dyn FnMut(i32),
+    tail: &dyn Fn() -> String,
 ) -> Result<Launched, LaunchError> {
     let deadline = Instant::now() + timeout;
     let (report_r, report_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Pipe)?;
     let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Pipe)?;
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|source| LaunchError::Spawn {
-            path: log.display().to_string(),
-            source,
-        })?;
+    let logf = std::fs::File::from(output);
     let (rw, yw) = (report_w.as_raw_fd(), ready_w.as_raw_fd());
     let mut cmd = Command::new(init);
     cmd.arg(BUNDLE_ARG)
@@ -194,8 +191,7 @@ pub fn launch(
             error: error.clone(),
         });
     }
-    let pid =
-        pid.ok_or_else(|| LaunchError::NoPid(std::fs::read_to_string(log).unwrap_or_default()))?;
+    let pid = pid.ok_or_else(|| LaunchError::NoPid(tail()))?;
 
     // The agent writes one byte once it listens; EOF means it died first.
     if !wait_readable(&ready_r, deadline)? {
@@ -206,21 +202,9 @@ pub fn launch(
         .read(&mut b)
         .map_err(LaunchError::Io)?;
     if n == 0 {
-        // The log itself goes with the sandbox's directory: keep its end.
-        return Err(LaunchError::AgentDied { log: log_tail(log) });
+        return Err(LaunchError::AgentDied { log: tail() });
     }
     Ok(Launched { pid })
-}
-
-/// The last few KiB of a launch log, for an error message.
-fn log_tail(log: &Path) -> String {
-    const MAX: usize = 4096;
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut start = text.len().saturating_sub(MAX);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    text[start..].to_string()
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ mod error;
 pub mod host;
 pub mod launch;
 pub mod netns;
+pub mod output;
 pub use sandbox_abi::paths;
 pub mod proc;
 pub mod reconcile;
@@ -62,6 +63,8 @@ pub struct NativeBackend {
     dialer: NetnsDialer,
     /// Shared with the exit watchers ([`watch`]).
     live: Arc<Mutex<HashMap<String, Live>>>,
+    /// PID 1's output per sandbox ([`output`]).
+    outputs: Arc<output::Outputs>,
 }
 
 impl NativeBackend {
@@ -99,6 +102,7 @@ impl NativeBackend {
             cgroups: Arc::new(cgroups),
             dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
             live: Arc::new(Mutex::new(HashMap::new())),
+            outputs: Arc::new(output::Outputs::default()),
         };
         backend.reconcile();
         // Cgroups under our parent that no known sandbox owns: kill and
@@ -131,6 +135,7 @@ impl NativeBackend {
     /// directory, in that order, so a crash part-way leaves the directory
     /// and a restart finishes the job. Never touches user files.
     fn destroy(&self, id: &str, handle: Option<&ProcHandle>) {
+        self.outputs.remove(id);
         if let Some(h) = handle {
             h.kill();
             if !h.wait_exit(Duration::from_secs(10)) {
@@ -274,6 +279,10 @@ async fn blocking<T: Send + 'static>(
 impl Backend for NativeBackend {
     fn name(&self) -> &'static str {
         "native"
+    }
+
+    fn logs(&self, sandbox_id: &str) -> Option<String> {
+        self.outputs.get(sandbox_id).map(|o| o.render())
     }
 
     async fn create(

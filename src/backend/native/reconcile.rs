@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use super::proc::ProcHandle;
 use super::state::Phase;
-use super::{record_of, Live, NativeBackend};
+use super::{output, record_of, Live, NativeBackend};
 use crate::model::SandboxStatus;
 
 impl NativeBackend {
@@ -42,6 +42,18 @@ impl NativeBackend {
                 (Phase::Running, Some(h)) => match h.open_netns() {
                     Ok(ns) => {
                         info!(sandbox_id = %id, generation = %st.generation, pid = h.pid, "adopted running sandbox");
+                        // Go on reading its output where the old daemon stopped.
+                        let fifo = output::fifo_path(&self.state.sandbox_dir(&id));
+                        match output::open_read(&fifo) {
+                            Ok(fd) => self.outputs.start(
+                                &id,
+                                Arc::new(output::Output::new(&id, &st.generation)),
+                                fd,
+                            ),
+                            Err(e) => {
+                                warn!(sandbox_id = %id, error = %e, "cannot reopen the sandbox's output FIFO")
+                            }
+                        }
                         // Watched like our own: it is no longer our child,
                         // but its pidfd still reports the exit.
                         self.track(Live {

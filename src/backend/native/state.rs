@@ -74,10 +74,6 @@ impl StateDir {
         self.sandbox_dir(id).join("bundle")
     }
 
-    pub fn log_path(&self, id: &str) -> PathBuf {
-        self.sandbox_dir(id).join("agent.log")
-    }
-
     fn state_path(&self, id: &str) -> PathBuf {
         self.sandbox_dir(id).join("state.json")
     }
