@@ -74,6 +74,11 @@ pub struct HostLayout {
     /// Cover the host's `/usr/local` (under a bound `/usr`) with an empty
     /// read-only tmpfs (`[native] expose_usr_local = false`, the default).
     pub hide_usr_local: bool,
+    /// Whether this host enforces the base spec's device allow-list (the
+    /// v1 devices cgroup). When it does not (pure v2: no BPF device program
+    /// is attached), bundles carry no `linux.resources.devices`, so the
+    /// spec never promises what the runtime does not do.
+    pub device_rules_enforced: bool,
     pub container_port: u16,
     pub limits: Limits,
 }
@@ -272,12 +277,12 @@ pub fn build_spec(
     linux.set_cgroups_path(cgroups_path.map(Path::to_path_buf));
     // The limits come from the builder that also limits the cgroup; the
     // rest of the base's resources (the device allow-list) is kept.
-    let resources = crate::cgroups::oci_resources(
-        linux.resources().clone().unwrap_or_default(),
-        &spec.resources,
-        true,
-    )
-    .map_err(|e| BundleError::Build(e.to_string()))?;
+    let mut base_resources = linux.resources().clone().unwrap_or_default();
+    if !host.device_rules_enforced {
+        base_resources.set_devices(None);
+    }
+    let resources = crate::cgroups::oci_resources(base_resources, &spec.resources, true)
+        .map_err(|e| BundleError::Build(e.to_string()))?;
     linux.set_resources(Some(resources));
     if let Some(s) = seccomp {
         linux.set_seccomp(Some(s.clone()));
@@ -535,6 +540,7 @@ mod tests {
             agent_path: "/opt/sandbox-agent".into(),
             rootfs_binds: vec![("/usr".into(), "/usr".into())],
             hide_usr_local: true,
+            device_rules_enforced: true,
             container_port: 8080,
             limits: Limits::default(),
         }
@@ -646,6 +652,35 @@ mod tests {
             assert!(!src.unwrap_or_default().starts_with("/data/"), "{m:?}");
         }
         assert_eq!(s.process().as_ref().unwrap().cwd(), Path::new(GUEST.home));
+    }
+
+    /// On a host that cannot enforce the device allow-list (pure cgroup v2)
+    /// the bundle does not carry it: the spec promises nothing the runtime
+    /// does not do.
+    #[test]
+    fn device_rules_only_where_enforced() {
+        let base = load_base(None).unwrap();
+        let devices = |enforced: bool| {
+            let mut h = host();
+            h.device_rules_enforced = enforced;
+            let s = build_spec(
+                &base,
+                &sspec(StorageMode::Ephemeral, None),
+                "g1",
+                &h,
+                Path::new("/b/files"),
+                None,
+                None,
+            )
+            .unwrap();
+            let r = s.linux().as_ref().unwrap().resources().clone().unwrap();
+            (r.devices().clone().map(|d| d.len()), r.pids().is_some())
+        };
+        let (with, pids) = devices(true);
+        assert!(with.is_some_and(|n| n > 0) && pids);
+        let (without, pids) = devices(false);
+        assert_eq!(without, None);
+        assert!(pids, "the limits stay");
     }
 
     #[test]

@@ -84,6 +84,12 @@ impl Bundler {
         &self.base
     }
 
+    /// Whether the device allow-list is enforced on this host (see
+    /// [`HostLayout::device_rules_enforced`]).
+    pub fn set_device_rules_enforced(&mut self, enforced: bool) {
+        self.host.device_rules_enforced = enforced;
+    }
+
     pub fn host(&self) -> &HostLayout {
         &self.host
     }
@@ -136,6 +142,10 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
         agent_path,
         rootfs_binds: HostLayout::resolve_binds(&cfg.native),
         hide_usr_local: !cfg.native.expose_usr_local,
+        // Corrected by the daemon once it knows the cgroup layout
+        // (`Bundler::set_device_rules_enforced`); `sandboxd bundle` writes
+        // the base spec's rules as they are.
+        device_rules_enforced: true,
         container_port: cfg.container_port,
         limits: cfg.limits.clone(),
     })

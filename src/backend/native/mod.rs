@@ -72,13 +72,14 @@ impl NativeBackend {
     /// state directory (adopts live sandboxes, cleans up the rest) before
     /// returning, so the API never serves a half-known node.
     pub fn new(cfg: &Config) -> Result<NativeBackend, NativeError> {
-        let bundler = Bundler::new(cfg, HostPaths::Prepare)?;
+        let mut bundler = Bundler::new(cfg, HostPaths::Prepare)?;
         let init_path = match &cfg.native.init_path {
             Some(p) => p.clone(),
             None => bundler::sibling_binary("sandbox-init", HostPaths::Prepare)?,
         };
         let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
         let cgroups = with_device_rules(cgroups, bundler.base());
+        bundler.set_device_rules_enforced(cgroups.enforces_devices());
         move_into_leaf_if_delegated(&cgroups)?;
         let state = StateDir::new(&cfg.state_dir);
         let root = state.root().to_path_buf();
@@ -227,7 +228,7 @@ fn with_device_rules(cgroups: CgroupRoot, base: &oci_spec::runtime::Spec) -> Cgr
     } else {
         warn!(
             layout = %cgroups.layout(),
-            "device allow-list NOT enforced: cgroup v2 needs a BPF device program, which sandboxd does not attach (see docs/security.md)"
+            "device allow-list NOT enforced: cgroup v2 needs a BPF device program, which sandboxd does not attach; bundles carry no device rules (see docs/security.md)"
         );
     }
     cgroups.with_device_rules(rules)
