@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub mod bundle;
+pub mod doctor;
 pub mod ops;
 pub mod seccomp;
 pub mod serve;
@@ -49,6 +50,9 @@ pub enum Command {
     Rm(ops::RmArgs),
     /// Print the recent output (last 64 KiB, timestamped) of a sandbox's PID 1.
     Logs(ops::InspectArgs),
+    /// Check this node for the configured backend and explain every problem
+    /// with its fix; exit status 0 only when a create would work.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -80,6 +84,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Ls(t) => ops::ls(t),
         Command::Inspect(a) => ops::inspect(a),
         Command::Logs(a) => ops::logs(a),
+        Command::Doctor(a) => doctor::run(a),
         Command::Rm(a) => ops::rm(a),
     }
 }

@@ -208,6 +208,15 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
     if sd.listen_pid_mismatch {
         warn!("LISTEN_FDS is addressed to another process (LISTEN_PID is not ours): ignored");
     }
+    // The required checks of `sandboxd doctor`, with the same words: a
+    // node that cannot run a sandbox is refused before anything is made.
+    let blocking = crate::cli::doctor::blocking(&cfg);
+    if !blocking.is_empty() {
+        anyhow::bail!(
+            "this node cannot run sandboxes (`sandboxd doctor` shows every check):\n{}",
+            blocking.join("\n")
+        );
+    }
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("cannot create state dir {}", cfg.state_dir.display()))?;
     // Bundles, state and the token: root's business only.

@@ -334,3 +334,83 @@ fn bundle_out_is_created_exclusively_and_never_followed() {
     assert_eq!(mode(&fresh.join("files/passwd")), 0o644);
     assert!(fresh.join("rootfs/var/tmp").is_dir());
 }
+
+/// `sandboxd doctor`: every check in plain words; a required problem is
+/// explained with its fix and makes the exit status 1; `serve` refuses to
+/// start with the same words.
+#[test]
+fn doctor_explains_and_serve_refuses_with_the_same_words() {
+    if !common::privileged("doctor_explains_and_serve_refuses_with_the_same_words") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("c.toml");
+    let write_config = |extra: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "backend = \"native\"\nstate_dir = {:?}\nuser_data_root = {:?}\nskills_root = {:?}\n{extra}",
+                tmp.path().join("state"),
+                tmp.path().join("ud"),
+                tmp.path().join("sk"),
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    };
+    write_config("");
+    let out = cli(&["doctor", "--config", config.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    for check in [
+        "root",
+        "kernel",
+        "openat2",
+        "pidfd",
+        "seccomp",
+        "cgroups",
+        "state dir",
+        "token",
+    ] {
+        assert!(text.contains(&format!("ok    {check}")), "{check}: {text}");
+    }
+    // A token file others can read, and a seccomp profile that is missing.
+    let token = tmp.path().join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    write_config(&format!(
+        "token_file = {token:?}\n[native]\nseccomp_profile = {:?}\n",
+        tmp.path().join("missing.json")
+    ));
+    let out = cli(&["doctor", "--config", config.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(text.contains("FAIL  token"), "{text}");
+    assert!(
+        text.contains(&format!("fix: chmod 600 {}", token.display())),
+        "{text}"
+    );
+    assert!(text.contains("FAIL  seccomp"), "{text}");
+    assert!(text.contains("2 required check(s) failed"), "{text}");
+    let serve = cli(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!serve.status.success());
+    let err = String::from_utf8_lossy(&serve.stderr);
+    assert!(
+        err.contains("FAIL  token") && err.contains("FAIL  seccomp"),
+        "{err}"
+    );
+    assert!(
+        !tmp.path().join("state").exists(),
+        "serve made its state dir before refusing"
+    );
+}

@@ -125,6 +125,20 @@ impl CgroupRoot {
         self.mounts.layout
     }
 
+    /// Whether `controller` (`memory`, `pids`, `cpu`, …) is available to
+    /// sandbox cgroups: a v1 hierarchy of it (v1, hybrid), or listed in the
+    /// v2 root's `cgroup.controllers` (pure v2).
+    pub fn has_controller(&self, controller: &str) -> bool {
+        if self.mounts.layout.uses_v1() {
+            return self.mounts.v1.contains_key(controller);
+        }
+        self.mounts
+            .v2
+            .as_ref()
+            .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())
+            .is_some_and(|t| t.split_whitespace().any(|c| c == controller))
+    }
+
     /// The sandbox's cgroup path as OCI `linux.cgroupsPath` wants it:
     /// absolute from the hierarchy root, e.g. `/sandboxd/<id>`.
     pub fn relative_path(&self, sandbox_id: &str) -> PathBuf {

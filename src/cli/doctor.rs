@@ -1,0 +1,424 @@
+//! `sandboxd doctor`: a preflight of this node for the configured backend.
+//! Each check says what it found, in plain words, and for a problem the fix.
+//! The exit status is 0 only when every required check passed, i.e. when a
+//! create would work; `serve` runs the same required checks at start and
+//! refuses to start with the same messages.
+
+use std::path::Path;
+
+use crate::api::auth;
+use crate::config::{BackendKind, Config, ProcessEnv};
+
+/// How much a failed check matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// A create cannot work without it.
+    Required,
+    /// Something is lost without it (a cross-check, a hardening).
+    Optional,
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone)]
+pub struct Finding {
+    pub name: &'static str,
+    pub need: Need,
+    /// What was found (ok) or what is wrong, and how to fix it.
+    pub result: Result<String, (String, String)>,
+}
+
+impl Finding {
+    fn ok(name: &'static str, need: Need, what: impl Into<String>) -> Finding {
+        Finding {
+            name,
+            need,
+            result: Ok(what.into()),
+        }
+    }
+
+    fn bad(
+        name: &'static str,
+        need: Need,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Finding {
+        Finding {
+            name,
+            need,
+            result: Err((problem.into(), fix.into())),
+        }
+    }
+
+    /// A required check that failed.
+    pub fn blocks(&self) -> bool {
+        self.need == Need::Required && self.result.is_err()
+    }
+
+    /// One line (two for a problem: the fix).
+    pub fn render(&self) -> String {
+        match &self.result {
+            Ok(what) => format!("ok    {:<16} {what}", self.name),
+            Err((problem, fix)) => {
+                let tag = if self.need == Need::Required {
+                    "FAIL"
+                } else {
+                    "warn"
+                };
+                format!(
+                    "{tag}  {:<16} {problem}\n      {:<16} fix: {fix}",
+                    self.name, ""
+                )
+            }
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// The daemon's config file (also SANDBOXD_CONFIG).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+}
+
+/// `sandboxd doctor`: prints every finding; exit status 1 when a required
+/// check failed.
+pub fn run(args: DoctorArgs) -> anyhow::Result<i32> {
+    let cfg = Config::load(args.config.as_deref(), &ProcessEnv)?;
+    let findings = check(&cfg);
+    for f in &findings {
+        println!("{}", f.render());
+    }
+    let blocking = findings.iter().filter(|f| f.blocks()).count();
+    if blocking == 0 {
+        println!("\nthis node can run {:?} sandboxes", cfg.backend);
+        Ok(0)
+    } else {
+        println!("\n{blocking} required check(s) failed: a create would not work");
+        Ok(1)
+    }
+}
+
+/// The required checks that failed, rendered, for `serve` to refuse with.
+pub fn blocking(cfg: &Config) -> Vec<String> {
+    check(cfg)
+        .into_iter()
+        .filter(Finding::blocks)
+        .map(|f| f.render())
+        .collect()
+}
+
+/// Every check for `cfg`'s backend.
+pub fn check(cfg: &Config) -> Vec<Finding> {
+    let mut out = vec![token_files(cfg)];
+    if cfg.backend != BackendKind::Native {
+        return out;
+    }
+    out.push(root());
+    out.push(kernel());
+    out.extend(syscalls());
+    out.push(seccomp(cfg));
+    out.push(cgroups(cfg));
+    for (name, path) in [
+        ("state dir", &cfg.state_dir),
+        ("user-data root", &cfg.user_data_root),
+        ("skills root", &cfg.skills_root),
+    ] {
+        out.push(directory(name, path));
+    }
+    out.push(runc());
+    out
+}
+
+fn root() -> Finding {
+    if nix::unistd::geteuid().is_root() {
+        Finding::ok("root", Need::Required, "running as root")
+    } else {
+        Finding::bad(
+            "root",
+            Need::Required,
+            "not running as root: namespaces, mounts and cgroups need it",
+            "run sandboxd as root (the systemd unit does)",
+        )
+    }
+}
+
+fn kernel() -> Finding {
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let version: Vec<u32> = release
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let new_enough = matches!(version.as_slice(), [a, b] if (*a, *b) >= (5, 11));
+    if new_enough {
+        Finding::ok("kernel", Need::Required, format!("Linux {release}"))
+    } else {
+        Finding::bad(
+            "kernel",
+            Need::Required,
+            format!("Linux {release}: openat2 (5.6), pidfd_open (5.3) and close_range with CLOSE_RANGE_CLOEXEC (5.11) are needed"),
+            "run a kernel 5.11 or newer",
+        )
+    }
+}
+
+/// Probes the system calls the daemon and launcher use, by calling them.
+fn syscalls() -> Vec<Finding> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let mut out = Vec::new();
+    out.push(
+        match rustix::fs::openat2(
+            rustix::fs::CWD,
+            "/",
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS,
+        ) {
+            Ok(_) => Finding::ok("openat2", Need::Required, "no-follow path resolution works"),
+            Err(e) => Finding::bad(
+                "openat2",
+                Need::Required,
+                format!("openat2 fails: {e}"),
+                "run a kernel 5.6 or newer without a seccomp policy that denies openat2",
+            ),
+        },
+    );
+    let me = rustix::process::getpid();
+    out.push(
+        match rustix::process::pidfd_open(me, rustix::process::PidfdFlags::empty()) {
+            Ok(_) => Finding::ok("pidfd", Need::Required, "pidfd_open works"),
+            Err(e) => Finding::bad(
+                "pidfd",
+                Need::Required,
+                format!("pidfd_open fails: {e}"),
+                "run a kernel 5.3 or newer",
+            ),
+        },
+    );
+    // clone3 with a zero-sized argument answers EINVAL when the call exists.
+    // SAFETY: with size 0 the kernel reads no argument and creates nothing.
+    let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    out.push(if r < 0 && errno == Some(libc::ENOSYS) {
+        Finding::bad(
+            "clone3",
+            Need::Optional,
+            "clone3 is not available",
+            "run a kernel 5.3 or newer (used for PID-exact tests and future features)",
+        )
+    } else {
+        Finding::ok("clone3", Need::Optional, "clone3 exists")
+    });
+    // mount_setattr (idmapped mounts, 5.12): EBADF/EINVAL on a bad fd when
+    // the call exists.
+    // SAFETY: an invalid fd and a null attr: the kernel changes nothing.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            -1,
+            std::ptr::null::<u8>(),
+            0,
+            std::ptr::null::<u8>(),
+            0usize,
+        )
+    };
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    out.push(if r < 0 && errno == Some(libc::ENOSYS) {
+        Finding::bad(
+            "idmapped mounts",
+            Need::Optional,
+            "mount_setattr is not available: user namespaces with idmapped workspaces will not work",
+            "run a kernel 5.12 or newer",
+        )
+    } else {
+        Finding::ok("idmapped mounts", Need::Optional, "mount_setattr exists")
+    });
+    let overlay = std::fs::read_to_string("/proc/filesystems")
+        .map(|t| t.lines().any(|l| l.trim_end().ends_with("overlay")))
+        .unwrap_or(false);
+    out.push(if overlay {
+        Finding::ok("overlay", Need::Optional, "overlayfs is available")
+    } else {
+        Finding::bad(
+            "overlay",
+            Need::Optional,
+            "overlayfs is not listed in /proc/filesystems",
+            "load the overlay module (modprobe overlay) if images should use it",
+        )
+    });
+    out
+}
+
+fn seccomp(cfg: &Config) -> Finding {
+    match crate::seccomp::load_and_compile(cfg.native.seccomp_profile.as_deref()) {
+        Ok((profile, _, filters)) => Finding::ok(
+            "seccomp",
+            Need::Required,
+            format!(
+                "{} compiles to {} filters",
+                profile.source,
+                filters.filters.len()
+            ),
+        ),
+        Err(e) => Finding::bad(
+            "seccomp",
+            Need::Required,
+            e.to_string(),
+            "fix the profile (sandboxd seccomp check --profile FILE shows where)",
+        ),
+    }
+}
+
+fn cgroups(cfg: &Config) -> Finding {
+    match crate::cgroups::CgroupRoot::detect(&cfg.native.cgroup_parent) {
+        Ok(root) => {
+            let missing: Vec<&str> = ["memory", "pids", "cpu"]
+                .into_iter()
+                .filter(|c| !root.has_controller(c))
+                .collect();
+            if missing.is_empty() {
+                Finding::ok(
+                    "cgroups",
+                    Need::Required,
+                    format!(
+                        "{} layout, memory, pids and cpu controllers, parent {}{}",
+                        root.layout(),
+                        cfg.native.cgroup_parent,
+                        if root.enforces_devices() {
+                            ", device rules enforced"
+                        } else {
+                            ", device rules NOT enforced (pure v2)"
+                        }
+                    ),
+                )
+            } else {
+                Finding::bad(
+                    "cgroups",
+                    Need::Required,
+                    format!("controllers missing: {}", missing.join(", ")),
+                    "enable them (v2: add them to cgroup.subtree_control of the parent; under systemd: Delegate=yes in the unit)",
+                )
+            }
+        }
+        Err(e) => Finding::bad(
+            "cgroups",
+            Need::Required,
+            e.to_string(),
+            "mount cgroup2 (or the v1 controllers) under /sys/fs/cgroup",
+        ),
+    }
+}
+
+fn directory(name: &'static str, path: &Path) -> Finding {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(md) if md.is_dir() => {
+            let free = nix::sys::statvfs::statvfs(path)
+                .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64 / (1 << 20))
+                .unwrap_or(0);
+            if md.uid() != 0 && name == "state dir" {
+                return Finding::bad(
+                    name,
+                    Need::Required,
+                    format!("{} is owned by uid {}", path.display(), md.uid()),
+                    format!("chown root:root {}", path.display()),
+                );
+            }
+            Finding::ok(
+                name,
+                Need::Required,
+                format!("{} (owner {}, {free} MiB free)", path.display(), md.uid()),
+            )
+        }
+        Ok(_) => Finding::bad(
+            name,
+            Need::Required,
+            format!("{} is not a directory", path.display()),
+            "point the setting at a directory",
+        ),
+        // The daemon creates missing roots at start.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Finding::ok(
+            name,
+            Need::Required,
+            format!(
+                "{} does not exist yet (the daemon creates it)",
+                path.display()
+            ),
+        ),
+        Err(e) => Finding::bad(
+            name,
+            Need::Required,
+            format!("{}: {e}", path.display()),
+            "make it readable by root",
+        ),
+    }
+}
+
+fn token_files(cfg: &Config) -> Finding {
+    let files: Vec<&Path> = cfg
+        .token_origin
+        .iter()
+        .map(|p| p.as_path())
+        .chain(cfg.token_file.iter().map(|p| p.as_path()))
+        .collect();
+    for f in &files {
+        if let Err(e) = auth::check_secret_file(f) {
+            let fix = match &e {
+                auth::AuthError::Exposed { path, .. } => format!("chmod 600 {}", path.display()),
+                auth::AuthError::NotOwned { path, .. } => {
+                    format!("chown root:root {}", path.display())
+                }
+                _ => "make the file readable by root".to_string(),
+            };
+            return Finding::bad("token", Need::Required, e.to_string(), fix);
+        }
+    }
+    Finding::ok(
+        "token",
+        Need::Required,
+        if files.is_empty() {
+            "no token file configured (the environment's, or one generated in the state dir)"
+                .to_string()
+        } else {
+            "token files are private".to_string()
+        },
+    )
+}
+
+fn runc() -> Finding {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("runc").is_file()))
+        .unwrap_or(false);
+    if found {
+        Finding::ok(
+            "runc",
+            Need::Optional,
+            "runc is installed (for cross-checking bundles)",
+        )
+    } else {
+        Finding::bad(
+            "runc",
+            Need::Optional,
+            "runc is not installed: `sandboxd bundle` output cannot be cross-checked",
+            "apt-get install runc (optional)",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_renders_with_its_fix_and_blocks_only_when_required() {
+        let f = Finding::bad("token", Need::Required, "too open", "chmod 600 x");
+        assert!(f.blocks());
+        assert!(f.render().starts_with("FAIL  token"));
+        assert!(f.render().contains("fix: chmod 600 x"));
+        let w = Finding::bad("runc", Need::Optional, "absent", "install it");
+        assert!(!w.blocks());
+        assert!(w.render().starts_with("warn"));
+    }
+}
