@@ -316,7 +316,7 @@ fn directory(name: &'static str, path: &Path) -> Finding {
     match std::fs::metadata(path) {
         Ok(md) if md.is_dir() => {
             let free = nix::sys::statvfs::statvfs(path)
-                .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64 / (1 << 20))
+                .map(|s| s.blocks_available() * s.fragment_size() / (1 << 20))
                 .unwrap_or(0);
             if md.uid() != 0 && name == "state dir" {
                 return Finding::bad(
