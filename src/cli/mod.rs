@@ -53,6 +53,11 @@ pub enum Command {
     /// Check this node for the configured backend and explain every problem
     /// with its fix; exit status 0 only when a create would work.
     Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -85,6 +90,17 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Inspect(a) => ops::inspect(a),
         Command::Logs(a) => ops::logs(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            use std::io::Write;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "sandboxd", &mut script);
+            // A reader that stops early (`| head`) is not an error.
+            match std::io::stdout().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                _ => Ok(0),
+            }
+        }
         Command::Rm(a) => ops::rm(a),
     }
 }

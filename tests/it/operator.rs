@@ -414,3 +414,19 @@ fn doctor_explains_and_serve_refuses_with_the_same_words() {
         "serve made its state dir before refusing"
     );
 }
+
+/// Shell completions name every subcommand.
+#[test]
+fn completions_cover_every_subcommand() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = cli(&["completions", shell], &[]);
+        assert!(out.status.success());
+        let text = stdout(&out);
+        for sub in [
+            "serve", "bundle", "seccomp", "ls", "inspect", "logs", "rm", "doctor",
+        ] {
+            assert!(text.contains(sub), "{shell}: {sub} missing");
+        }
+    }
+    assert!(!cli(&["completions", "tcsh"], &[]).status.success());
+}
