@@ -124,7 +124,7 @@ pub async fn check_permissions(client: &kube::Client, cfg: &Config) -> Result<()
     }
     let np = denied.iter().any(|d| d.ends_with("networkpolicies"));
     Err(KubeError::Preflight(format!(
-        "the daemon may not {} in namespace {ns}: grant them (docs/kubernetes/rbac.yaml){}",
+        "the daemon may not {} in namespace {ns}: grant them (deploy/kubernetes/rbac.yaml){}",
         denied.join(", "),
         if np {
             ", or set [kubernetes] network_policy = \"external\" if you manage the \
