@@ -74,18 +74,24 @@ impl std::str::FromStr for LogFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub enum ConnectMode {
-    /// `nodeport` (compatible default): `NODE_HOST:<nodePort>` of the
-    /// sandbox's NodePort Service.
-    NodePort,
-    /// `pod-ip` (the daemon runs in the cluster): `<podIP>:<container port>`.
+    /// `pod-ip` (default; the daemon runs in the cluster):
+    /// `<podIP>:<container port>`, the Service is `ClusterIP`.
     PodIp,
+    /// `service`: the `ClusterIP` of the sandbox's Service.
+    Service,
+    /// `nodeport`: `NODE_HOST:<nodePort>` of a `NodePort` Service, for a
+    /// daemon outside the cluster. Every node then forwards the port to the
+    /// sandbox: only safe because the agent refuses requests without the
+    /// per-incarnation credential (always on), see `docs/kubernetes.md`.
+    NodePort,
 }
 
 impl ConnectMode {
     pub fn as_str(self) -> &'static str {
         match self {
-            ConnectMode::NodePort => "nodeport",
             ConnectMode::PodIp => "pod-ip",
+            ConnectMode::Service => "service",
+            ConnectMode::NodePort => "nodeport",
         }
     }
 }
@@ -95,16 +101,58 @@ impl TryFrom<String> for ConnectMode {
 
     fn try_from(s: String) -> Result<Self, String> {
         match s.as_str() {
-            "nodeport" => Ok(ConnectMode::NodePort),
             "pod-ip" => Ok(ConnectMode::PodIp),
+            "service" => Ok(ConnectMode::Service),
+            "nodeport" => Ok(ConnectMode::NodePort),
             other => Err(format!(
-                "kubernetes.connect_mode {other:?} is not nodeport or pod-ip"
+                "kubernetes.connect_mode {other:?} is not pod-ip, service or nodeport"
             )),
         }
     }
 }
 
 impl std::fmt::Display for ConnectMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who makes the NetworkPolicy of sandbox Pods (`[kubernetes]
+/// network_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum NetworkPolicyMode {
+    /// `create` (default): one per sandbox, owned by its Pod; the daemon
+    /// refuses to start when it may not create NetworkPolicies.
+    Create,
+    /// `external`: the operator manages the policies of sandbox Pods.
+    External,
+}
+
+impl NetworkPolicyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkPolicyMode::Create => "create",
+            NetworkPolicyMode::External => "external",
+        }
+    }
+}
+
+impl TryFrom<String> for NetworkPolicyMode {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "create" => Ok(NetworkPolicyMode::Create),
+            "external" => Ok(NetworkPolicyMode::External),
+            other => Err(format!(
+                "kubernetes.network_policy {other:?} is not create or external"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for NetworkPolicyMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -261,12 +309,54 @@ pub struct KubeConfig {
     pub node_host: String,
     pub user_data_pvc: Option<String>,
     pub skills_pvc: Option<String>,
-    /// `nodeport` (compatible default) or `pod-ip` (in-cluster).
+    /// Start without `user_data_pvc`/`skills_pvc`: persistent sandboxes
+    /// then get scratch space that vanishes with their Pod.
+    pub allow_ephemeral_user_data: bool,
+    /// `pod-ip` (default), `service` or `nodeport`.
     pub connect_mode: ConnectMode,
     /// `localhost` (our profile installed on nodes) or `runtime-default`.
     pub seccomp: KubeSeccomp,
     /// Path of the Localhost profile relative to the kubelet seccomp root.
     pub seccomp_localhost_profile: String,
+    /// The `sandboxd` image (it holds the static agent that an init
+    /// container copies into every sandbox Pod).
+    pub agent_image: String,
+    /// `hostUsers: false` (a user namespace per Pod).
+    pub user_namespaces: bool,
+    /// `create` (default) or `external`.
+    pub network_policy: NetworkPolicyMode,
+    /// Ingress to sandbox Pods is admitted only from Pods matching these
+    /// labels in namespaces matching `ingress_namespace_labels`.
+    pub ingress_pod_labels: BTreeMap<String, String>,
+    pub ingress_namespace_labels: BTreeMap<String, String>,
+    /// Extra sources admitted (CIDRs; e.g. the node addresses with
+    /// `connect_mode = "nodeport"`).
+    pub ingress_cidrs: Vec<String>,
+    /// `CIDR[:port[/tcp|udp]]` holes in the egress deny list.
+    pub egress_allow: Vec<String>,
+    /// CIDRs denied on top of the built-in private ranges.
+    pub egress_deny: Vec<String>,
+    /// The cluster's Pod and Service CIDRs (denied; add them when they are
+    /// not inside the private ranges denied anyway).
+    pub cluster_cidrs: Vec<String>,
+    /// DNS is allowed to Pods matching these labels in namespaces matching
+    /// `dns_namespace_labels` (TCP and UDP 53), and nowhere else.
+    pub dns_pod_labels: BTreeMap<String, String>,
+    pub dns_namespace_labels: BTreeMap<String, String>,
+    /// The kubelets' `podPidsLimit`, when the operator set one (only
+    /// documented: Kubernetes has no per-Pod pids field); unset, the daemon
+    /// warns at start that `pids` is not enforced.
+    pub pod_pids_limit: Option<u64>,
+    /// Label selector of the replaced Python provisioner's Pods and
+    /// Services (`sandbox-<id>`), adopted read-only; empty: none.
+    pub legacy_selector: String,
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 impl Default for KubeConfig {
@@ -277,12 +367,33 @@ impl Default for KubeConfig {
             node_host: "127.0.0.1".to_string(),
             user_data_pvc: None,
             skills_pvc: None,
-            connect_mode: ConnectMode::NodePort,
+            allow_ephemeral_user_data: false,
+            connect_mode: ConnectMode::PodIp,
             seccomp: KubeSeccomp::Localhost,
             seccomp_localhost_profile: "sandboxd/default.json".to_string(),
+            agent_image: DEFAULT_AGENT_IMAGE.to_string(),
+            user_namespaces: true,
+            network_policy: NetworkPolicyMode::Create,
+            ingress_pod_labels: labels(&[("app.kubernetes.io/name", "sandboxd")]),
+            ingress_namespace_labels: labels(&[("kubernetes.io/metadata.name", "sandboxd")]),
+            ingress_cidrs: Vec::new(),
+            egress_allow: Vec::new(),
+            egress_deny: Vec::new(),
+            cluster_cidrs: Vec::new(),
+            dns_pod_labels: labels(&[("k8s-app", "kube-dns")]),
+            dns_namespace_labels: labels(&[("kubernetes.io/metadata.name", "kube-system")]),
+            pod_pids_limit: None,
+            legacy_selector: "app=yuxi-sandbox".to_string(),
         }
     }
 }
+
+/// The `sandboxd` image built by the repository's `Dockerfile`, tagged with
+/// this version.
+pub const DEFAULT_AGENT_IMAGE: &str = concat!("sandboxd:", env!("CARGO_PKG_VERSION"));
+/// The default sandbox image of the Kubernetes backend: a public Debian
+/// userland with Python (the agent is copied in; see `docs/kubernetes.md`).
+pub const DEFAULT_SANDBOX_IMAGE: &str = "python:3.12-slim-bookworm";
 
 /// The whole daemon configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -347,7 +458,7 @@ impl Default for Config {
             token_file: None,
             token_origin: None,
             public_url: None,
-            sandbox_image: "sandboxd-host".to_string(),
+            sandbox_image: DEFAULT_SANDBOX_IMAGE.to_string(),
             container_port: 8080,
             health_timeout_seconds: 60,
             idle_timeout_seconds: 600,
@@ -422,6 +533,8 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("NODE_HOST", Setter::Text(|c, v| c.kubernetes.node_host = v)),
     ("USER_DATA_PVC", Setter::Text(|c, v| c.kubernetes.user_data_pvc = Some(v))),
     ("SKILLS_PVC", Setter::Text(|c, v| c.kubernetes.skills_pvc = Some(v))),
+    ("SANDBOXD_IMAGE", Setter::Text(|c, v| c.kubernetes.agent_image = v)),
+    ("SANDBOXD_KUBE_ALLOW_EPHEMERAL_USER_DATA", Setter::Any(|c, v| parse_bool_into(&mut c.kubernetes.allow_ephemeral_user_data, v))),
     ("DOCKER_USER_DATA_HOST_PATH", Setter::Text(|c, v| c.user_data_root = v.into())),
     ("SANDBOXD_USER_DATA_ROOT", Setter::Text(|c, v| c.user_data_root = v.into())),
     ("DOCKER_SKILL_PROJECTIONS_HOST_PATH", Setter::Text(|c, v| c.skills_root = v.into())),
@@ -719,7 +832,7 @@ mod tests {
         assert_eq!(c.kubernetes.connect_mode.to_string(), "pod-ip");
         assert_eq!(c.kubernetes.seccomp.to_string(), "runtime-default");
         let c = Config::default();
-        assert_eq!(c.kubernetes.connect_mode, ConnectMode::NodePort);
+        assert_eq!(c.kubernetes.connect_mode, ConnectMode::PodIp);
         assert_eq!(c.kubernetes.seccomp, KubeSeccomp::Localhost);
     }
 
@@ -738,7 +851,7 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(c.sandbox_image, "sandboxd-host");
+        assert_eq!(c.sandbox_image, DEFAULT_SANDBOX_IMAGE);
         assert_eq!(c.container_port, 8080);
         assert_eq!(c.backend, BackendKind::Native);
         assert_eq!(c.log_format, LogFormat::Text);

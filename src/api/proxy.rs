@@ -29,8 +29,10 @@ use crate::backend::BackendError;
 use crate::lifecycle::{Lifecycle, ProxyPin};
 
 /// Request headers never forwarded (hop-by-hop, the caller's credentials,
-/// and those hyper recomputes).
-const DROP_REQUEST: [&str; 10] = [
+/// the agent credential (set by the proxy alone), and those hyper
+/// recomputes).
+const DROP_REQUEST: [&str; 11] = [
+    sandbox_abi::credential::HEADER,
     "authorization",
     "connection",
     "keep-alive",
@@ -204,6 +206,19 @@ pub async fn forward(
     parts
         .headers
         .insert(header::HOST, HeaderValue::from_static("localhost"));
+    // The incarnation's agent credential, for backends that have one.
+    if let Some(c) = lifecycle
+        .backend()
+        .agent_credential(record)
+        .await
+        .map_err(crate::lifecycle::LifecycleError::from)?
+    {
+        let mut v = HeaderValue::from_str(&c.0).map_err(|_| {
+            ApiError::BadGateway(format!("sandbox {id}: unusable agent credential"))
+        })?;
+        v.set_sensitive(true);
+        parts.headers.insert(sandbox_abi::credential::HEADER, v);
+    }
     parts.uri = uri;
     parts.version = http::Version::HTTP_11;
     let upstream_req = Request::from_parts(parts, body);
@@ -257,6 +272,7 @@ mod tests {
         h.insert("connection", "close, x-secret".parse().unwrap());
         h.insert("x-secret", "1".parse().unwrap());
         h.insert("content-type", "text/plain".parse().unwrap());
+        h.insert(sandbox_abi::credential::HEADER, "forged".parse().unwrap());
         filter_headers(&mut h, &DROP_REQUEST);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("content-type"));

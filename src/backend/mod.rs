@@ -53,6 +53,18 @@ impl BackendError {
     }
 }
 
+/// The per-incarnation credential the sandbox's agent requires on every
+/// request (`x-sandbox-agent-credential`). Never printed: its `Debug` is
+/// redacted, and it has no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AgentCredential(pub String);
+
+impl std::fmt::Debug for AgentCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentCredential(<redacted>)")
+    }
+}
+
 /// A connection to the sandbox's HTTP server.
 pub struct Upstream {
     pub stream: TcpStream,
@@ -96,6 +108,23 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Opens a connection to the sandbox's HTTP server.
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError>;
+
+    /// The credential the proxy must add to every request to this
+    /// incarnation's agent; `None` for backends whose agent is reachable by
+    /// nothing but the daemon (native: the netns connector; memory).
+    async fn agent_credential(
+        &self,
+        _record: &SandboxRecord,
+    ) -> Result<Option<AgentCredential>, BackendError> {
+        Ok(None)
+    }
+
+    /// True for a sandbox adopted read-only from another system (the
+    /// Kubernetes backend's Pods of the replaced provisioner): a create of
+    /// its id replaces it whatever identity it was recorded with.
+    fn rebindable(&self, _record: &SandboxRecord) -> bool {
+        false
+    }
 
     /// A path prefix prepended to every proxied path ("" for real sandboxes).
     fn path_prefix(&self, _record: &SandboxRecord) -> String {

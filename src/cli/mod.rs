@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 pub mod bundle;
 pub mod doctor;
+pub mod kube;
 pub mod ops;
 pub mod seccomp;
 pub mod serve;
@@ -39,6 +40,10 @@ pub enum Command {
     Serve(ServeArgs),
     /// Write the OCI bundle a create would use (for operators and reviewers).
     Bundle(bundle::BundleArgs),
+    /// Kubernetes backend: render the objects of a create; the Pods' init
+    /// step; the one-time ownership migration.
+    #[command(subcommand)]
+    Kube(kube::KubeCmd),
     /// Audit the seccomp profile, or run a command under it.
     #[command(subcommand)]
     Seccomp(seccomp::SeccompCmd),
@@ -84,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Serve(args) => serve::run(args).map(|()| 0),
         Command::Bundle(args) => bundle::run(args).map(|()| 0),
+        Command::Kube(cmd) => kube::run(cmd),
         // Runs before any tokio runtime exists (`seccomp run` execs).
         Command::Seccomp(cmd) => seccomp::run(cmd),
         Command::Ls(t) => ops::ls(t),

@@ -219,7 +219,7 @@ impl Lifecycle {
                 return Err(LifecycleError::Quiescing);
             }
             if let Some(existing) = self.get(&id) {
-                if existing.identity != spec.identity {
+                if existing.identity != spec.identity && !self.backend.rebindable(&existing) {
                     return Err(LifecycleError::IdentityMismatch(id.clone()));
                 }
                 let status = self.backend.status(&existing).await;

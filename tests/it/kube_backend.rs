@@ -2,8 +2,9 @@
 //! `PROVISIONER_BACKEND=kubernetes`, its `KUBECONFIG_PATH` pointing at an
 //! in-process fake API server (`kube_fake`), driven through the provisioner
 //! HTTP API. The fake enforces what the backend relies on (409s, 404s, UID
-//! preconditions, label selectors, node ports); the tests drive Pod
-//! readiness.
+//! preconditions, label selectors, node ports, garbage collection of owned
+//! objects, access reviews); the tests drive Pod readiness. What these
+//! tests prove is proven against this fake only (see docs/kubernetes.md).
 
 use crate::common;
 use crate::kube_fake;
@@ -34,7 +35,8 @@ impl Cluster {
         }
     }
 
-    fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
+    /// The daemon's environment, `extra` last (winning).
+    fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
         let mut env = vec![
             ("PROVISIONER_BACKEND", "kubernetes"),
             ("KUBECONFIG_PATH", self.kubeconfig.as_str()),
@@ -43,10 +45,44 @@ impl Cluster {
             ("USER_DATA_PVC", "sandbox-user-data"),
             ("SKILLS_PVC", "sandbox-skills"),
             ("SANDBOX_IMAGE", "registry.example.com/sandbox:1.0"),
+            ("SANDBOXD_IMAGE", "registry.example.com/sandboxd:1.0"),
             ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "20"),
         ];
         env.extend_from_slice(extra);
-        Daemon::start(&env, &[])
+        env
+    }
+
+    fn daemon(&self, extra: &[(&str, &str)]) -> Daemon {
+        Daemon::start(&self.env(extra), &[])
+    }
+
+    /// Runs `sandboxd serve` expecting it to refuse to start; its stderr.
+    fn refused_start(&self, extra: &[(&str, &str)]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(dir.path())
+            .env_remove("SANDBOXD_CONFIG")
+            .env("SANDBOX_PROVISIONER_TOKEN", common::TOKEN);
+        for (k, v) in self.env(extra) {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let end = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > end {
+                let _ = child.kill();
+                panic!("sandboxd started although it should have refused to");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
     }
 }
 
@@ -67,8 +103,8 @@ async fn create_reuse_identity_list_proxy_and_delete() {
     let c = Cluster::new();
     let up = upstream::start().await;
     c.fake.auto_ready(Some("127.0.0.1"));
-    c.fake.fixed_node_port(up.port());
-    let d = c.daemon(&[]);
+    let port = up.port().to_string();
+    let d = c.daemon(&[("SANDBOX_CONTAINER_PORT", port.as_str())]);
 
     let (s, a) = d
         .json(
@@ -121,7 +157,7 @@ async fn create_reuse_identity_list_proxy_and_delete() {
     let (s, v) = d.json("GET", "/api/sandboxes/k1", None).await;
     assert_eq!((s, &v["status"]), (200, &json!("running")));
 
-    // The proxy reaches the sandbox through NODE_HOST:<nodePort>.
+    // The proxy reaches the sandbox at <podIP>:<container port>.
     let (s, _, body) = d
         .call(
             "GET",
@@ -134,6 +170,16 @@ async fn create_reuse_identity_list_proxy_and_delete() {
     let echo: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(echo["path"], "/echo");
     assert!(echo["headers"].get("authorization").is_none());
+    // ...with this incarnation's credential, which its Secret holds.
+    let secret = &c.fake.secrets()[0];
+    let want = base64_decode(secret["data"]["credential"].as_str().unwrap());
+    assert_eq!(want.len(), 64);
+    assert_eq!(
+        echo["headers"]["x-sandbox-agent-credential"].as_str(),
+        Some(want.as_str()),
+        "{echo}"
+    );
+    assert!(!d.log_contains(&want), "the credential reached the log");
 
     let (s, v) = d
         .json(
@@ -146,8 +192,11 @@ async fn create_reuse_identity_list_proxy_and_delete() {
         )
         .await;
     assert_eq!((s, v), (200, json!({"ok": true, "sandbox_id": "k1"})));
-    assert!(c.fake.pods().is_empty());
-    assert!(c.fake.services().is_empty());
+    assert!(
+        c.fake.all_objects().is_empty(),
+        "{:?}",
+        c.fake.all_objects()
+    );
     // Every Pod delete carried the UID precondition (checked by the fake);
     // deleting an absent sandbox is fine.
     let (s, _) = d.json("DELETE", "/api/sandboxes/k1", None).await;
@@ -218,8 +267,11 @@ async fn readiness_timeout_cleans_up_pod_and_service() {
         .await;
     assert_eq!(s, 500, "{v}");
     assert!(started.elapsed() < Duration::from_secs(15));
-    assert!(c.fake.pods().is_empty(), "{:?}", c.fake.pods());
-    assert!(c.fake.services().is_empty(), "{:?}", c.fake.services());
+    assert!(
+        c.fake.all_objects().is_empty(),
+        "{:?}",
+        c.fake.all_objects()
+    );
     let (s, _) = d.json("GET", "/api/sandboxes/slow1", None).await;
     assert_eq!(s, 404);
     // The cleanup delete was fenced on the Pod's UID.
@@ -325,7 +377,9 @@ async fn stale_generation_delete_is_refused_by_the_api_server() {
 async fn restart_adopts_and_quiesce_deletes_everything() {
     let c = Cluster::new();
     c.fake.auto_ready(Some("127.0.0.1"));
-    let d = c.daemon(&[]);
+    let up = upstream::start().await;
+    let port = up.port().to_string();
+    let d = c.daemon(&[("SANDBOX_CONTAINER_PORT", port.as_str())]);
     let mut gens = Vec::new();
     for id in ["q1", "q2"] {
         let (s, v) = d
@@ -335,8 +389,29 @@ async fn restart_adopts_and_quiesce_deletes_everything() {
         gens.push(v["generation"].clone());
     }
     drop(d);
-    // A new daemon finds them by label selector, with the same generations.
-    let d = c.daemon(&[]);
+    // A new daemon finds them by label selector, with the same generations,
+    // and reads each one's credential back from its Secret.
+    let d = c.daemon(&[("SANDBOX_CONTAINER_PORT", port.as_str())]);
+    let (s, _, body) = d
+        .call(
+            "GET",
+            "/api/sandboxes/q2/proxy/echo",
+            None,
+            Some(common::TOKEN),
+        )
+        .await;
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    let echo: Value = serde_json::from_slice(&body).unwrap();
+    let secret = c
+        .fake
+        .secrets()
+        .into_iter()
+        .find(|x| x["metadata"]["name"] == object_name("q2").as_str())
+        .unwrap();
+    assert_eq!(
+        echo["headers"]["x-sandbox-agent-credential"].as_str(),
+        Some(base64_decode(secret["data"]["credential"].as_str().unwrap()).as_str())
+    );
     let (_, v) = d.json("GET", "/api/sandboxes", None).await;
     assert_eq!(v["count"], 2, "{v}");
     let (_, v) = d.json("GET", "/api/sandboxes/q1", None).await;
@@ -351,8 +426,11 @@ async fn restart_adopts_and_quiesce_deletes_everything() {
         .json("POST", "/api/sandboxes/quiesce?timeout_seconds=30", None)
         .await;
     assert_eq!((s, v), (200, json!({"ok": true, "deleted": 2})));
-    assert!(c.fake.pods().is_empty());
-    assert!(c.fake.services().is_empty());
+    assert!(
+        c.fake.all_objects().is_empty(),
+        "{:?}",
+        c.fake.all_objects()
+    );
     let (s, _) = d
         .json("POST", "/api/sandboxes", Some(create_body("q3", "t", "u")))
         .await;
@@ -383,34 +461,42 @@ async fn missing_workdir_is_a_400_and_cleans_up() {
 }
 
 #[tokio::test]
-async fn pod_ip_mode_connects_to_the_pod_and_makes_a_cluster_ip_service() {
-    let c = Cluster::new();
+async fn service_and_nodeport_modes_connect_through_the_service() {
     let up = upstream::start().await;
-    c.fake.auto_ready(Some("127.0.0.1"));
-    let dir = tempfile::tempdir().unwrap();
-    let toml = dir.path().join("config.toml");
-    std::fs::write(&toml, "[kubernetes]\nconnect_mode = \"pod-ip\"\n").unwrap();
     let port = up.port().to_string();
-    let d = c.daemon(&[
-        ("SANDBOXD_CONFIG", toml.to_str().unwrap()),
-        ("SANDBOX_CONTAINER_PORT", port.as_str()),
-    ]);
-    let (s, v) = d
-        .json("POST", "/api/sandboxes", Some(create_body("p1", "t", "u")))
-        .await;
-    assert_eq!(s, 200, "{v}");
-    let svc = &c.fake.services()[0];
-    assert_eq!(svc["spec"]["type"], "ClusterIP");
-    assert!(svc["spec"]["ports"][0].get("nodePort").is_none());
-    let (s, _, body) = d
-        .call(
-            "GET",
-            "/api/sandboxes/p1/proxy/echo",
-            None,
-            Some(common::TOKEN),
-        )
-        .await;
-    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    for (mode, ty) in [("service", "ClusterIP"), ("nodeport", "NodePort")] {
+        let c = Cluster::new();
+        c.fake.auto_ready(Some("10.244.9.9"));
+        c.fake.cluster_ip("127.0.0.1");
+        c.fake.fixed_node_port(up.port());
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("config.toml");
+        std::fs::write(&toml, format!("[kubernetes]\nconnect_mode = \"{mode}\"\n")).unwrap();
+        let d = c.daemon(&[
+            ("SANDBOXD_CONFIG", toml.to_str().unwrap()),
+            ("SANDBOX_CONTAINER_PORT", port.as_str()),
+        ]);
+        if mode == "nodeport" {
+            assert!(d.wait_log("connect_mode = nodeport", Duration::from_secs(5)));
+        }
+        let (s, v) = d
+            .json("POST", "/api/sandboxes", Some(create_body("p1", "t", "u")))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let svc = &c.fake.services()[0];
+        assert_eq!(svc["spec"]["type"], ty);
+        let (s, _, body) = d
+            .call(
+                "GET",
+                "/api/sandboxes/p1/proxy/echo",
+                None,
+                Some(common::TOKEN),
+            )
+            .await;
+        assert_eq!(s, 200, "{mode}: {}", String::from_utf8_lossy(&body));
+        let echo: Value = serde_json::from_slice(&body).unwrap();
+        assert!(echo["headers"]["x-sandbox-agent-credential"].is_string());
+    }
 }
 
 #[tokio::test]
@@ -423,7 +509,7 @@ async fn a_leftover_service_of_another_incarnation_is_replaced() {
         "metadata": {"name": name, "namespace": "sandboxes",
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
                                  "uid": "00000000-dead-0000-0000-000000000000"}]},
-        "spec": {"type": "NodePort", "ports": [{"port": 8080, "nodePort": 30999}]}}));
+        "spec": {"type": "ClusterIP", "ports": [{"port": 8080}]}}));
     let d = c.daemon(&[]);
     let (s, v) = d
         .json("POST", "/api/sandboxes", Some(create_body("l1", "t", "u")))
@@ -497,6 +583,8 @@ fn a_missing_kubeconfig_stops_the_daemon_with_a_clear_error() {
         .env_remove("SANDBOXD_CONFIG")
         .env("SANDBOX_PROVISIONER_TOKEN", common::TOKEN)
         .env("PROVISIONER_BACKEND", "kubernetes")
+        .env("USER_DATA_PVC", "sandbox-user-data")
+        .env("SKILLS_PVC", "sandbox-skills")
         .env("KUBECONFIG_PATH", dir.path().join("nope"))
         .output()
         .unwrap();
@@ -506,4 +594,316 @@ fn a_missing_kubeconfig_stops_the_daemon_with_a_clear_error() {
         err.contains("cannot start the kubernetes backend") && err.contains("nope"),
         "{err}"
     );
+}
+
+fn base64_decode(s: &str) -> String {
+    use base64::Engine;
+    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(s).unwrap()).unwrap()
+}
+
+fn kinds(posts: &[(String, Value)]) -> Vec<&str> {
+    posts.iter().map(|(r, _)| r.as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_create_submits_its_objects_in_order_owned_by_the_pod_and_render_prints_them() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let d = c.daemon(&[]);
+    let (s, v) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("o1", "t", "alice")),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let posts = c.fake.posts();
+    assert_eq!(
+        kinds(&posts),
+        ["pods", "secrets", "networkpolicies", "services"]
+    );
+    let pod_uid = v["generation"].as_str().unwrap();
+    let name = object_name("o1");
+    for (kind, body) in &posts[1..] {
+        let owner = &body["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "Pod", "{kind}");
+        assert_eq!(owner["uid"], pod_uid, "{kind}");
+        assert_eq!(owner["name"], name.as_str(), "{kind}");
+        assert_eq!(body["metadata"]["name"], name.as_str(), "{kind}");
+    }
+    assert_eq!(posts[0].1["spec"]["hostUsers"], false);
+
+    // `sandboxd kube render` with the daemon's own environment prints the
+    // same objects, the Pod UID and the credential being placeholders.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+    cmd.args([
+        "kube",
+        "render",
+        "--sandbox-id",
+        "o1",
+        "--uid",
+        "alice",
+        "--thread-id",
+        "t",
+    ])
+    .env_remove("SANDBOXD_CONFIG");
+    for (k, val) in c.env(&[]) {
+        cmd.env(k, val);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace(sandboxd::cli::kube::RENDER_POD_UID, pod_uid);
+    let submitted_cred = posts[1].1["data"]["credential"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rendered: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            let mut v: Value = serde_json::to_value(
+                <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap(),
+            )
+            .unwrap();
+            if v["kind"] == "Secret" {
+                v["data"]["credential"] = json!(submitted_cred);
+            }
+            v
+        })
+        .collect();
+    let submitted: Vec<Value> = posts.iter().map(|(_, b)| b.clone()).collect();
+    assert_eq!(rendered, submitted);
+
+    // A delete removes all four.
+    let (s, _) = d.json("DELETE", "/api/sandboxes/o1", None).await;
+    assert_eq!(s, 200);
+    assert!(
+        c.fake.all_objects().is_empty(),
+        "{:?}",
+        c.fake.all_objects()
+    );
+}
+
+#[tokio::test]
+async fn a_refused_network_policy_fails_the_create_and_leaves_nothing() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let d = c.daemon(&[]);
+    c.fake.refuse_creates("networkpolicies");
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("n1", "t", "u")))
+        .await;
+    assert_eq!(s, 500, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("networkpolic"),
+        "{v}"
+    );
+    assert_eq!(
+        kinds(&c.fake.posts()),
+        ["pods", "secrets", "networkpolicies"]
+    );
+    assert!(
+        c.fake.all_objects().is_empty(),
+        "{:?}",
+        c.fake.all_objects()
+    );
+    let (s, _) = d.json("GET", "/api/sandboxes/n1", None).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn the_daemon_refuses_to_start_without_what_makes_sandboxes_safe() {
+    // May not create NetworkPolicies: refused, unless the operator manages
+    // them (then a create makes none).
+    let c = Cluster::new();
+    c.fake.deny("create", "networkpolicies");
+    let err = c.refused_start(&[]);
+    assert!(
+        err.contains("create networkpolicies") && err.contains("network_policy = \"external\""),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("config.toml");
+    std::fs::write(&toml, "[kubernetes]\nnetwork_policy = \"external\"\n").unwrap();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let d = c.daemon(&[("SANDBOXD_CONFIG", toml.to_str().unwrap())]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("e1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(c.fake.network_policies().is_empty());
+    drop(d);
+
+    // May not read Secrets (the agent credential): refused.
+    let c = Cluster::new();
+    c.fake.deny("get", "secrets");
+    let err = c.refused_start(&[]);
+    assert!(err.contains("get secrets"), "{err}");
+
+    // No user-data / skills PVC: refused unless ephemeral storage is chosen.
+    let c = Cluster::new();
+    let err = c.refused_start(&[("USER_DATA_PVC", "")]);
+    assert!(
+        err.contains("USER_DATA_PVC") && err.contains("allow_ephemeral_user_data"),
+        "{err}"
+    );
+    let err = c.refused_start(&[("SKILLS_PVC", "")]);
+    assert!(err.contains("SKILLS_PVC"), "{err}");
+    c.fake.auto_ready(Some("127.0.0.1"));
+    let d = c.daemon(&[
+        ("USER_DATA_PVC", ""),
+        ("SKILLS_PVC", ""),
+        ("SANDBOXD_KUBE_ALLOW_EPHEMERAL_USER_DATA", "true"),
+    ]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("s1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let pod = &c.fake.pods()[0];
+    assert!(pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|v| v.get("persistentVolumeClaim").is_none()));
+    // The pids warning (no per-Pod pids limit in Kubernetes).
+    assert!(d.log_contains("pids limits are NOT enforced"));
+}
+
+#[tokio::test]
+async fn an_api_server_without_user_namespaces_fails_the_create_clearly() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    c.fake.drop_host_users();
+    let d = c.daemon(&[]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("h1", "t", "u")))
+        .await;
+    assert_eq!(s, 500, "{v}");
+    let detail = v["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("hostUsers") && detail.contains("user_namespaces = false"),
+        "{v}"
+    );
+    assert!(
+        c.fake.all_objects().is_empty(),
+        "{:?}",
+        c.fake.all_objects()
+    );
+    drop(d);
+    // Opting out works on that cluster.
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("config.toml");
+    std::fs::write(&toml, "[kubernetes]\nuser_namespaces = false\n").unwrap();
+    let d = c.daemon(&[("SANDBOXD_CONFIG", toml.to_str().unwrap())]);
+    let (s, v) = d
+        .json("POST", "/api/sandboxes", Some(create_body("h1", "t", "u")))
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+fn legacy_pod(id: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": format!("sandbox-{id}"), "namespace": "sandboxes",
+                        "labels": {"app": "yuxi-sandbox", "sandbox-id": id, "thread-id": "old-thread"}},
+           "spec": {"containers": [{"name": "sandbox", "image": "old"}]}})
+}
+
+fn legacy_service(id: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": format!("sandbox-{id}"), "namespace": "sandboxes",
+                        "labels": {"app": "yuxi-sandbox"}},
+           "spec": {"type": "NodePort", "ports": [{"port": 8080}]}})
+}
+
+#[tokio::test]
+async fn the_replaced_provisioners_pods_are_listed_replaced_and_quiesced() {
+    let c = Cluster::new();
+    c.fake.auto_ready(Some("127.0.0.1"));
+    for id in ["old1", "old2"] {
+        c.fake.insert_pod(legacy_pod(id), Some("10.0.0.7"));
+        c.fake.insert_service(legacy_service(id));
+    }
+    let d = c.daemon(&[]);
+    let (s, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!((s, v["count"].as_u64()), (200, Some(2)), "{v}");
+    assert_eq!(v["sandboxes"][0]["status"], "exited", "{v}");
+    assert_eq!(v["sandboxes"][0]["sandbox_id"], "old1");
+    // The proxy does not reach them.
+    let (s, _, _) = d
+        .call(
+            "GET",
+            "/api/sandboxes/old1/proxy/v1/sandbox",
+            None,
+            Some(common::TOKEN),
+        )
+        .await;
+    assert_ne!(s, 200);
+
+    // A create of the same id (any identity) replaces the old Pod: never
+    // two Pods for one id.
+    let (s, v) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("old1", "new-thread", "alice")),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(c.fake.pod("sandbox-old1").is_none());
+    assert!(c
+        .fake
+        .services()
+        .iter()
+        .all(|s| s["metadata"]["name"] != "sandbox-old1"));
+    assert!(c.fake.pod(&object_name("old1")).is_some());
+
+    // Quiesce deletes what is left of the old provisioner too.
+    let (s, v) = d
+        .json("POST", "/api/sandboxes/quiesce?timeout_seconds=30", None)
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true, "deleted": 2})));
+    assert!(
+        c.fake.all_objects().is_empty(),
+        "{:?}",
+        c.fake.all_objects()
+    );
+}
+
+#[test]
+fn the_ownership_migration_job_runs_the_migration_on_the_user_data_pvc() {
+    // The manifest is checked strictly and with kubectl in kube_golden; here:
+    // it mounts the PVC the daemon uses and runs the command this build has.
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy/kubernetes/migrate-ownership-job.yaml"),
+    )
+    .unwrap();
+    let job: k8s_openapi::api::batch::v1::Job = serde_yaml::from_str(&text).unwrap();
+    let spec = job.spec.unwrap().template.spec.unwrap();
+    let claim = &spec.volumes.as_ref().unwrap()[0]
+        .persistent_volume_claim
+        .as_ref()
+        .unwrap()
+        .claim_name;
+    let env = Cluster::new();
+    let want = env
+        .env(&[])
+        .into_iter()
+        .find(|(k, _)| *k == "USER_DATA_PVC")
+        .unwrap()
+        .1;
+    assert_eq!(claim, want);
+    let cmd = spec.containers[0].command.clone().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(&cmd[1..3])
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{cmd:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--root"));
 }

@@ -4,7 +4,7 @@
 //! Modules by subject: the daemon and its CLI over the memory backend
 //! (`api`, `daemon_config`, `operator`, `systemd`), the Kubernetes backend
 //! against a fake API server (`kube_backend`, `kube_golden`), the agent on its
-//! own (`agent_http`, `agent_client`, `agent_static`), native sandboxes with
+//! own (`agent_http`, `agent_client`, `agent_static`, `agent_credential`), native sandboxes with
 //! real processes (`native*`, `cgroups_real`), and seccomp evidence
 //! (`seccomp_*`). Privileged tests need root and say loudly when they skip
 //! (under `CI=true` they fail instead).
@@ -19,6 +19,7 @@ mod pyclient;
 
 // Tests.
 mod agent_client;
+mod agent_credential;
 mod agent_http;
 mod agent_static;
 mod api;

@@ -5,11 +5,13 @@
 //! written onto what a backend makes ([`labels`]), the launcher hand-off
 //! between the daemon and `sandbox-init` ([`handoff`]), no-follow host paths
 //! ([`paths`]), the one `/proc/<pid>/stat` parser ([`procfs`]) and
-//! crash-injection points for tests ([`failpoint`], a cargo feature).
+//! crash-injection points for tests ([`failpoint`], a cargo feature), and
+//! the per-incarnation agent credential's names ([`credential`]).
 //!
 //! Who may depend on whom is in `docs/architecture.md`: every other crate of
 //! the workspace may use this one; this one uses none of them.
 
+pub mod credential;
 pub mod failpoint;
 pub mod handoff;
 pub mod labels;

@@ -11,7 +11,8 @@
 //! single `waitpid` caller, [`shutdown`] which SIGTERMs stop the agent,
 //! [`files`] read/write, [`editor`] str_replace_editor, [`listing`]
 //! list/find, [`transfer`] upload/download, [`context`] `GET /v1/sandbox`,
-//! [`paths`] path resolution.
+//! [`paths`] path resolution, [`credential`] the per-incarnation
+//! credential requests must carry when one is configured.
 //!
 //! Operator and backend-developer documentation: `docs/agent.md`.
 //!
@@ -20,6 +21,7 @@
 
 pub mod body;
 pub mod context;
+pub mod credential;
 pub mod editor;
 pub mod envelope;
 pub mod exec;
@@ -83,6 +85,9 @@ pub struct AgentConfig {
     pub base: PathBase,
     /// How long children get between SIGTERM and SIGKILL at shutdown.
     pub term_grace: Duration,
+    /// When set, every request must carry it (`x-sandbox-agent-credential`);
+    /// checked before routing, so no route answers without it.
+    pub credential: Option<credential::Credential>,
 }
 
 /// Takes ownership of the inherited readiness fd `fd` and marks it
@@ -183,7 +188,9 @@ pub async fn serve(config: AgentConfig) -> Result<(), AgentError> {
     if let Some(fd) = config.ready_fd {
         signal_ready(fd)?;
     }
-    tracing::info!(addr = %local, pid = std::process::id(), "sandbox-agent listening");
+    tracing::info!(addr = %local, pid = std::process::id(),
+                   credential = config.credential.is_some(), "sandbox-agent listening");
+    let credential = config.credential.map(Arc::new);
 
     let routes = Arc::new(Routes {
         exec: Exec {
@@ -199,10 +206,17 @@ pub async fn serve(config: AgentConfig) -> Result<(), AgentError> {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
                     let routes = Arc::clone(&routes);
+                    let credential = credential.clone();
                     tokio::spawn(async move {
-                        let service = service_fn(move |req| {
+                        let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                             let routes = Arc::clone(&routes);
-                            async move { Ok::<_, Infallible>(routes.handle(req).await) }
+                            let refused = credential.as_ref().and_then(|c| c.check(req.headers()).err());
+                            async move {
+                                if let Some(resp) = refused {
+                                    return Ok::<_, Infallible>(resp);
+                                }
+                                Ok(routes.handle(req).await)
+                            }
                         });
                         let conn = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(stream), service);

@@ -32,6 +32,11 @@ struct Args {
     /// commands inherit the agent's environment.
     #[arg(long)]
     command_env: Option<std::path::PathBuf>,
+    /// Refuse to start unless `SANDBOX_AGENT_CREDENTIAL` is set (the
+    /// Kubernetes backend passes it). With the variable set, every request
+    /// must carry the credential whether or not this flag is given.
+    #[arg(long)]
+    require_credential: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,9 +58,15 @@ fn main() -> anyhow::Result<()> {
         }
         Err(_) => None,
     };
+    // Also while single-threaded: the credential leaves the environment
+    // (wiped in place, then removed) before anything can copy it.
+    let credential = agent::credential::Credential::take_from_env()?;
     agent::seal_inherited_fds();
     agent::reset_ignored_signals();
     let args = Args::parse();
+    if args.require_credential && credential.is_none() {
+        bail!(agent::credential::CredentialError::Missing);
+    }
     if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds < 180.0) {
         bail!(
             "exec cap must be in (0, 180) seconds, got {}",
@@ -91,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         },
         base: agent::path_base(),
         term_grace,
+        credential,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::status::{self, PodState};
+use crate::backend::AgentCredential;
 
 /// How long an observed Pod state is trusted before a status check asks
 /// the API server again.
@@ -21,6 +22,8 @@ pub struct Entry {
     pub oom: bool,
     pub pod_ip: Option<String>,
     pub node_port: Option<u16>,
+    pub cluster_ip: Option<String>,
+    pub credential: Option<AgentCredential>,
     pub checked: Instant,
 }
 
@@ -53,28 +56,67 @@ impl Cache {
     pub fn observe(&self, id: &str, pod: &Pod) -> Option<Entry> {
         let generation = status::uid(pod)?.to_string();
         let mut map = self.lock();
-        let node_port = map
-            .get(id)
-            .filter(|e| e.generation == generation)
-            .and_then(|e| e.node_port);
+        let kept = map.get(id).filter(|e| e.generation == generation);
+        let node_port = kept.and_then(|e| e.node_port);
+        let cluster_ip = kept.and_then(|e| e.cluster_ip.clone());
+        let credential = kept.and_then(|e| e.credential.clone());
         let entry = Entry {
             generation,
             state: status::pod_state(pod),
             oom: status::oom_killed(pod),
             pod_ip: status::pod_ip(pod).map(str::to_string),
             node_port,
+            cluster_ip,
+            credential,
             checked: Instant::now(),
         };
         map.insert(id.to_string(), entry.clone());
         Some(entry)
     }
 
-    pub fn set_node_port(&self, id: &str, generation: &str, port: u16) {
-        if let Some(e) = self.lock().get_mut(id) {
-            if e.generation == generation {
-                e.node_port = Some(port);
-            }
+    /// The entry of `id` for `generation`, made (stale, so the next status
+    /// check asks) when there is none.
+    fn entry_mut<'a>(
+        map: &'a mut HashMap<String, Entry>,
+        id: &str,
+        generation: &str,
+    ) -> &'a mut Entry {
+        let fresh = || Entry {
+            generation: generation.to_string(),
+            state: PodState::Starting,
+            oom: false,
+            pod_ip: None,
+            node_port: None,
+            cluster_ip: None,
+            credential: None,
+            checked: Instant::now()
+                .checked_sub(STATUS_TTL)
+                .unwrap_or_else(Instant::now),
+        };
+        let e = map.entry(id.to_string()).or_insert_with(fresh);
+        if e.generation != generation {
+            *e = fresh();
         }
+        e
+    }
+
+    /// Records the Service's node port and cluster IP (when it has them).
+    pub fn set_service(
+        &self,
+        id: &str,
+        generation: &str,
+        node_port: Option<u16>,
+        cluster_ip: Option<String>,
+    ) {
+        let mut map = self.lock();
+        let e = Self::entry_mut(&mut map, id, generation);
+        e.node_port = node_port.or(e.node_port);
+        e.cluster_ip = cluster_ip.or(e.cluster_ip.take());
+    }
+
+    pub fn set_credential(&self, id: &str, generation: &str, c: AgentCredential) {
+        let mut map = self.lock();
+        Self::entry_mut(&mut map, id, generation).credential = Some(c);
     }
 
     /// Forgets `id` when it is (still) about `generation`.

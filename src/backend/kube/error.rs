@@ -42,6 +42,18 @@ pub enum KubeError {
     /// The init step found a symlink or non-directory on a user's path.
     #[error("a per-user directory of sandbox {0} is a symlink or not a directory")]
     UnsafeUserDir(String),
+    /// The init step could not create a user directory on the PVC.
+    #[error("the user-data PVC of sandbox {0} is not writable by uid/gid 1000: run the one-time ownership migration (docs/kubernetes.md)")]
+    NotWritable(String),
+    /// `hostUsers: false` was refused or silently dropped by the API server.
+    #[error("the API server {0} spec.hostUsers=false (user namespaces need Kubernetes >= 1.30 with the UserNamespacesSupport feature gate, and node support): enable it, or set [kubernetes] user_namespaces = false")]
+    HostUsersRefused(&'static str),
+    /// The start-up checks found the daemon cannot work safely.
+    #[error("{0}")]
+    Preflight(String),
+    /// The agent credential of a running sandbox cannot be read back.
+    #[error("sandbox {id}: no usable agent credential: {reason}")]
+    Credential { id: String, reason: String },
     /// The Pod ended (or was deleted) before it became Ready.
     #[error("pod {0} ended before it became ready")]
     Ended(String),
@@ -79,7 +91,9 @@ impl From<KubeError> for BackendError {
                 BackendError::Invalid(e.to_string())
             }
             KubeError::NotReady(_, d) => BackendError::HealthTimeout(d),
-            KubeError::Unreachable { .. } => BackendError::Unreachable(e.to_string()),
+            KubeError::Unreachable { .. } | KubeError::Credential { .. } => {
+                BackendError::Unreachable(e.to_string())
+            }
             _ => BackendError::Internal(e.to_string()),
         }
     }

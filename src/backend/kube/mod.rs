@@ -1,23 +1,28 @@
-//! The `kubernetes` backend: each sandbox is a Pod plus a Service in one
-//! namespace, made through kube-rs.
+//! The `kubernetes` backend: each sandbox is a Pod in one namespace, with
+//! a Secret (its agent credential), a NetworkPolicy and a Service owned by
+//! the Pod, made through kube-rs.
 //!
 //! It owns the cluster objects of sandboxes (labels `app=sandboxd-sandbox`,
 //! `managed-by=sandboxd`) and nothing else: no PVC, no node state, and never
-//! user files. The generation of a sandbox is its Pod's UID, and every Pod
+//! user files; the replaced provisioner's Pods are adopted read-only
+//! ([`legacy`]). The generation of a sandbox is its Pod's UID, and every Pod
 //! delete carries a UID precondition, so the API server itself refuses to
-//! delete a newer incarnation. Pod/Service shapes are built by the pure
-//! [`spec`] module; [`status`] reads Pods back.
+//! delete a newer incarnation. Object shapes are built by the pure
+//! [`spec`] and [`netpol`] modules; [`status`] reads Pods back; [`preflight`]
+//! refuses to start when the daemon could not run sandboxes safely.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams};
 use tokio::net::TcpStream;
 use tracing::{info, warn, Instrument};
 
-use super::{Backend, BackendError, Upstream};
+use super::{AgentCredential, Backend, BackendError, Upstream};
 use crate::config::{Config, ConnectMode};
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 
@@ -25,7 +30,11 @@ mod cache;
 pub mod client;
 mod create;
 mod error;
+pub mod legacy;
+pub mod migrate;
 pub mod names;
+pub mod netpol;
+pub mod preflight;
 pub mod prepare;
 pub mod spec;
 pub mod status;
@@ -42,32 +51,54 @@ use error::api_code;
 pub struct KubeBackend {
     pods: Api<Pod>,
     services: Api<Service>,
+    secrets: Api<Secret>,
+    netpols: Api<NetworkPolicy>,
     spec: SpecConfig,
     node_host: String,
+    legacy_selector: String,
+    /// Legacy sandboxes seen by `list`: id → Pod UID.
+    legacy: Mutex<HashMap<String, String>>,
     cache: Arc<Cache>,
 }
 
 impl KubeBackend {
-    /// Connects with the credentials named by `cfg` (see [`client`]).
+    /// Connects with the credentials named by `cfg` (see [`client`]) and
+    /// runs the start-up checks ([`preflight`]).
     pub async fn from_config(cfg: &Config) -> Result<KubeBackend, KubeError> {
+        preflight::check_config(cfg)?;
         let kcfg = client::load_config(cfg.kubernetes.kubeconfig_path.as_deref()).await?;
-        KubeBackend::with_client(client::client(kcfg)?, cfg)
+        let client = client::client(kcfg)?;
+        preflight::check_permissions(&client, cfg).await?;
+        KubeBackend::with_client(client, cfg)
     }
 
-    /// A backend over an existing client (tests point it at a fake API
-    /// server).
+    /// A backend over an existing client (no start-up checks).
     pub fn with_client(client: kube::Client, cfg: &Config) -> Result<KubeBackend, KubeError> {
-        let spec = SpecConfig::from_config(cfg);
-        if spec.user_data_pvc.is_none() {
-            warn!("USER_DATA_PVC is not set: persistent sandboxes get scratch space only");
-        }
+        let spec = SpecConfig::from_config(cfg)?;
+        let ns = spec.namespace.clone();
         Ok(KubeBackend {
-            pods: Api::namespaced(client.clone(), &spec.namespace),
-            services: Api::namespaced(client, &spec.namespace),
+            pods: Api::namespaced(client.clone(), &ns),
+            services: Api::namespaced(client.clone(), &ns),
+            secrets: Api::namespaced(client.clone(), &ns),
+            netpols: Api::namespaced(client, &ns),
             node_host: cfg.kubernetes.node_host.clone(),
+            legacy_selector: cfg.kubernetes.legacy_selector.clone(),
+            legacy: Mutex::new(HashMap::new()),
             spec,
             cache: Arc::new(Cache::default()),
         })
+    }
+
+    fn legacy_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.legacy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn forget_legacy(&self, id: &str) {
+        self.legacy_map().remove(id);
+    }
+
+    fn is_legacy(&self, record: &SandboxRecord) -> bool {
+        self.legacy_map().get(&record.sandbox_id) == Some(&record.generation)
     }
 
     /// The latest known entry of `record`'s incarnation, asking the API
@@ -100,9 +131,33 @@ impl KubeBackend {
         }
     }
 
-    /// Deletes the Pod fenced on `generation`, then its Service if that
-    /// Service belongs to this Pod. Absent objects are fine.
+    /// Deletes the Pod fenced on `generation`, then the Service, Secret and
+    /// NetworkPolicy that this Pod owns (the garbage collector would remove
+    /// them too, later). Absent objects are fine. A legacy sandbox's Pod
+    /// and Service go the same way.
     async fn delete_fenced(&self, id: &str, generation: &str) -> Result<(), KubeError> {
+        let legacy = self.legacy_map().get(id) == Some(&generation.to_string());
+        if legacy {
+            let pod_name = names::legacy_name(id);
+            match self
+                .pods
+                .delete(&pod_name, &create::fenced(generation))
+                .await
+            {
+                Ok(_) => info!(pod = %pod_name, "pod of the replaced provisioner deleted"),
+                Err(e) if api_code(&e) == Some(404) => {}
+                Err(e) if api_code(&e) == Some(409) => {
+                    return Err(KubeError::Fenced {
+                        name: pod_name,
+                        generation: generation.to_string(),
+                    })
+                }
+                Err(e) => return Err(KubeError::api("delete", "pod", &pod_name, e)),
+            }
+            self.remove_legacy_service(id).await?;
+            self.forget_legacy(id);
+            return Ok(());
+        }
         let name = names::object_name(id);
         match self.pods.delete(&name, &create::fenced(generation)).await {
             Ok(_) => info!(pod = %name, "pod deleted"),
@@ -116,71 +171,87 @@ impl KubeBackend {
             Err(e) => return Err(KubeError::api("delete", "pod", &name, e)),
         }
         self.cache.forget(id, generation);
-        let svc = self
-            .services
-            .get_opt(&name)
-            .await
-            .map_err(|e| KubeError::api("get", "service", &name, e))?;
-        let Some(svc) = svc else { return Ok(()) };
-        if create::service_owner(&svc) != Some(generation) {
-            // Another incarnation's Service: not ours to remove.
-            return Ok(());
+        create::delete_owned(&self.services, "service", &name, generation).await?;
+        create::delete_owned(&self.secrets, "secret", &name, generation).await?;
+        if self.spec.network.is_some() {
+            create::delete_owned(&self.netpols, "networkpolicy", &name, generation).await?;
         }
-        let svc_uid = svc.metadata.uid.clone().unwrap_or_default();
-        match self.services.delete(&name, &create::fenced(&svc_uid)).await {
-            Ok(_) => Ok(()),
-            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(()),
-            Err(e) => Err(KubeError::api("delete", "service", &name, e)),
-        }
+        Ok(())
     }
 
-    /// The node port of `record`'s Service (cached, else asked for).
-    async fn node_port(&self, record: &SandboxRecord) -> Result<u16, KubeError> {
+    /// The Service of `record` (node port and cluster IP cached).
+    async fn service_entry(&self, record: &SandboxRecord) -> Result<cache::Entry, KubeError> {
         let id = &record.sandbox_id;
-        if let Some(p) = self
+        if let Some(e) = self
             .cache
             .get(id, &record.generation)
-            .and_then(|e| e.node_port)
+            .filter(|e| e.node_port.is_some() || e.cluster_ip.is_some())
         {
-            return Ok(p);
+            return Ok(e);
         }
         let name = names::object_name(id);
-        let unreachable = |reason: &str| KubeError::Unreachable {
-            id: id.clone(),
-            reason: reason.to_string(),
-        };
         let svc = self
             .services
             .get_opt(&name)
             .await
             .map_err(|e| KubeError::api("get", "service", &name, e))?
-            .ok_or_else(|| unreachable("its service is gone"))?;
-        let port =
-            create::node_port(&svc).ok_or_else(|| unreachable("its service has no node port"))?;
-        self.cache.set_node_port(id, &record.generation, port);
-        Ok(port)
+            .filter(|s| create::pod_owner(s) == Some(record.generation.as_str()))
+            .ok_or_else(|| KubeError::Unreachable {
+                id: id.clone(),
+                reason: "its service is gone".into(),
+            })?;
+        self.cache.set_service(
+            id,
+            &record.generation,
+            create::node_port(&svc),
+            create::cluster_ip(&svc),
+        );
+        self.cache
+            .get(id, &record.generation)
+            .ok_or_else(|| KubeError::Unreachable {
+                id: id.clone(),
+                reason: "its service is gone".into(),
+            })
     }
 
     async fn connect_inner(&self, record: &SandboxRecord) -> Result<TcpStream, KubeError> {
         let id = &record.sandbox_id;
+        let unreachable = |reason: &str| KubeError::Unreachable {
+            id: id.clone(),
+            reason: reason.to_string(),
+        };
+        let port = self.spec.container_port;
+        let host_port = |ip: &str, port: u16| {
+            if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            }
+        };
         let addr = match self.spec.connect_mode {
             ConnectMode::NodePort => {
-                format!("{}:{}", self.node_host, self.node_port(record).await?)
+                let p = self
+                    .service_entry(record)
+                    .await?
+                    .node_port
+                    .ok_or_else(|| unreachable("its service has no node port"))?;
+                host_port(&self.node_host, p)
+            }
+            ConnectMode::Service => {
+                let ip = self
+                    .service_entry(record)
+                    .await?
+                    .cluster_ip
+                    .ok_or_else(|| unreachable("its service has no cluster IP"))?;
+                host_port(&ip, port)
             }
             ConnectMode::PodIp => {
                 let ip = self
                     .observe(record)
                     .await?
                     .and_then(|e| e.pod_ip)
-                    .ok_or_else(|| KubeError::Unreachable {
-                        id: id.clone(),
-                        reason: "the pod has no IP".into(),
-                    })?;
-                if ip.contains(':') {
-                    format!("[{ip}]:{}", self.spec.container_port)
-                } else {
-                    format!("{ip}:{}", self.spec.container_port)
-                }
+                    .ok_or_else(|| unreachable("the pod has no IP"))?;
+                host_port(&ip, port)
             }
         };
         TcpStream::connect(&addr)
@@ -189,6 +260,38 @@ impl KubeBackend {
                 id: id.clone(),
                 reason: format!("{addr}: {e}"),
             })
+    }
+
+    /// The credential of `record`'s incarnation: cached, else read back
+    /// from its Secret (after a daemon restart), which must be owned by
+    /// that very Pod.
+    async fn credential(&self, record: &SandboxRecord) -> Result<AgentCredential, KubeError> {
+        let id = &record.sandbox_id;
+        if let Some(c) = self
+            .cache
+            .get(id, &record.generation)
+            .and_then(|e| e.credential)
+        {
+            return Ok(c);
+        }
+        let name = names::object_name(id);
+        let failed = |reason: &str| KubeError::Credential {
+            id: id.clone(),
+            reason: reason.to_string(),
+        };
+        let secret = self
+            .secrets
+            .get_opt(&name)
+            .await
+            .map_err(|e| KubeError::api("get", "secret", &name, e))?
+            .ok_or_else(|| failed("its secret is gone"))?;
+        if create::pod_owner(&secret) != Some(record.generation.as_str()) {
+            return Err(failed("its secret belongs to another incarnation"));
+        }
+        let c = create::secret_credential(&secret)
+            .ok_or_else(|| failed("its secret holds no credential"))?;
+        self.cache.set_credential(id, &record.generation, c.clone());
+        Ok(c)
     }
 }
 
@@ -237,10 +340,33 @@ impl Backend for KubeBackend {
                 }
             }
         }
+        if !self.legacy_selector.is_empty() {
+            let legacy = self
+                .pods
+                .list(&ListParams::default().labels(&self.legacy_selector))
+                .await
+                .map_err(|e| KubeError::api("list", "pods", &self.legacy_selector, e))?;
+            let mut map = self.legacy_map();
+            map.clear();
+            for pod in &legacy.items {
+                let Some(r) = legacy::record(pod) else {
+                    warn!(pod = ?pod.metadata.name, "pod of the replaced provisioner not named sandbox-<id>: ignored");
+                    continue;
+                };
+                if out.iter().any(|o| o.sandbox_id == r.sandbox_id) {
+                    continue;
+                }
+                map.insert(r.sandbox_id.clone(), r.generation.clone());
+                out.push(r);
+            }
+        }
         Ok(out)
     }
 
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
+        if self.is_legacy(record) {
+            return SandboxStatus::Exited;
+        }
         match self.observe(record).await {
             Ok(Some(e)) => status::sandbox_status(e.state),
             Ok(None) => SandboxStatus::Exited,
@@ -277,8 +403,25 @@ impl Backend for KubeBackend {
     }
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
+        if self.is_legacy(record) {
+            return Err(BackendError::Unreachable(format!(
+                "sandbox {} was made by the replaced provisioner",
+                record.sandbox_id
+            )));
+        }
         let stream = self.connect_inner(record).await?;
         let _ = stream.set_nodelay(true);
         Ok(Upstream { stream })
+    }
+
+    async fn agent_credential(
+        &self,
+        record: &SandboxRecord,
+    ) -> Result<Option<AgentCredential>, BackendError> {
+        Ok(Some(self.credential(record).await?))
+    }
+
+    fn rebindable(&self, record: &SandboxRecord) -> bool {
+        self.is_legacy(record)
     }
 }

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
 
 use crate::model::Identity;
@@ -84,6 +85,33 @@ pub fn labels(id: &str) -> BTreeMap<String, String> {
         (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
         (LABEL_SANDBOX_ID.to_string(), sandbox_label(id)),
     ])
+}
+
+/// The labels a sandbox's Service and NetworkPolicy select its Pod by.
+pub fn pod_selector_labels(id: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_APP.to_string(), APP.to_string()),
+        (LABEL_SANDBOX_ID.to_string(), sandbox_label(id)),
+    ])
+}
+
+/// The owner reference that ties an object to the sandbox's Pod `name`
+/// of UID `pod_uid`: the garbage collector deletes it with that Pod.
+pub fn owned_by_pod(name: &str, pod_uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.into(),
+        uid: pod_uid.into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// The name the replaced Python provisioner gave sandbox `id`'s Pod and
+/// Service.
+pub fn legacy_name(id: &str) -> String {
+    format!("sandbox-{id}")
 }
 
 /// Annotations carrying the sandbox id and its identity (the shared codec).

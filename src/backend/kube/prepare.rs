@@ -1,99 +1,95 @@
-//! The init container that prepares a user's directories on the PVCs
-//! before the sandbox container mounts them by `subPath`.
+//! The init step of every sandbox Pod, `sandboxd kube prepare`, run from
+//! the `sandboxd` image as uid 1000 with no capability (PSS "restricted").
 //!
-//! It is the only part of a sandbox Pod that runs as root, with just
-//! `CHOWN`, `DAC_OVERRIDE` and `FOWNER`. It creates missing directories of
-//! `shared/<uid>/workspace` (user-data PVC) and `skill-projections/<uid>`
-//! (skills PVC) with mode 0700 owned 1000:1000, component by component,
-//! refusing any component that is a symlink, and checks that the workdir
-//! exists below the workspace with no symlink component. The names it
-//! receives are validated (`[A-Za-z0-9_-]+`, workdir components with no
-//! `.`/`..`) and passed as arguments, never interpolated into the script.
+//! 1. It copies the static agent out of the `sandboxd` image into the
+//!    Pod's agent emptyDir (mounted read-only in the sandbox container,
+//!    which runs it as PID 1): the sandbox image can be any userland.
+//! 2. For a persistent sandbox with a user-data PVC (mounted at its root
+//!    here only), it creates missing directories of
+//!    `shared/<uid>/workspace` and `skill-projections/<uid>` mode 0700, one
+//!    component at a time below an fd with `openat2(RESOLVE_NO_SYMLINKS |
+//!    RESOLVE_BENEATH)` (`sandbox_abi::paths`, the native backend's code),
+//!    refusing any component that is a symlink or not a directory
+//!    ([`EXIT_UNSAFE_PATH`]), and checks that the workdir exists below the
+//!    workspace with no symlink component ([`EXIT_BAD_WORKDIR`]).
+//!
+//! As uid 1000 it can only create what the PVC lets uid/gid 1000 create:
+//! `fsGroup: 1000` makes the kubelet give the volume's group to 1000 on
+//! drivers that support it; data written by older deployments as root is
+//! made writable once by the ownership migration (`sandboxd kube
+//! migrate-ownership`, [`super::migrate`]). A permission failure exits
+//! [`EXIT_NOT_WRITABLE`] and the create answers 500 saying so.
 
-use k8s_openapi::api::core::v1::{Capabilities, Container, SecurityContext, VolumeMount};
+use std::path::{Path, PathBuf};
 
-/// Exit code of the script when the workdir is missing or not a directory.
+use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use sandbox_abi::layout;
+use sandbox_abi::paths::{self, PathError};
+
+use super::spec::{agent_dir, mount, restricted, AGENT_VOLUME};
+use sandbox_abi::layout::GUEST;
+
+/// Name of the init container.
+pub const INIT_CONTAINER: &str = "sandboxd-prepare";
+/// Exit code when the workdir is missing or not a directory.
 pub const EXIT_BAD_WORKDIR: i32 = 42;
 /// Exit code when a path component is a symlink or not a directory.
 pub const EXIT_UNSAFE_PATH: i32 = 41;
+/// Exit code when a directory cannot be created (the PVC is not writable
+/// by uid/gid 1000: run the ownership migration).
+pub const EXIT_NOT_WRITABLE: i32 = 43;
 
 /// Mount points of the PVC roots inside the init container.
 pub const USER_DATA_ROOT: &str = "/pvc/user-data";
 pub const SKILLS_ROOT: &str = "/pvc/skills";
+/// Where the `sandboxd` image holds its binaries (see `Dockerfile`).
+pub const IMAGE_BIN_DIR: &str = "/usr/local/bin";
 
-/// `sh -c SCRIPT prepare <uid> <workdir or ""> <has skills: 0|1>`.
-pub const SCRIPT: &str = r#"set -eu
-umask 077
-uid="$1"; workdir="$2"; skills="$3"
-# ensure BASE REL: walk REL under BASE one component at a time; refuse
-# symlinks; create missing directories 0700 owned 1000:1000.
-ensure() {
-  cur="$1"
-  old_ifs="$IFS"; IFS=/; set -f
-  for c in $2; do
-    cur="$cur/$c"
-    if [ -L "$cur" ]; then echo "refusing symlink $cur" >&2; exit 41; fi
-    if [ ! -e "$cur" ]; then
-      mkdir -m 0700 "$cur"
-      chown -h 1000:1000 "$cur"
-    fi
-    if [ -L "$cur" ] || [ ! -d "$cur" ]; then echo "not a directory: $cur" >&2; exit 41; fi
-  done
-  IFS="$old_ifs"; set +f
+/// The per-user part of the init step (persistent sandboxes with a PVC).
+#[derive(Debug, Clone, Copy)]
+pub struct UserDirs<'a> {
+    pub uid: &'a str,
+    pub workdir: Option<&'a str>,
+    pub skills: bool,
 }
-# check BASE REL: every component must exist, be a directory, no symlink.
-check() {
-  cur="$1"
-  old_ifs="$IFS"; IFS=/; set -f
-  for c in $2; do
-    cur="$cur/$c"
-    if [ -L "$cur" ] || [ ! -d "$cur" ]; then
-      echo "workdir_path does not name a directory without symlinks" >&2; exit 42
-    fi
-  done
-  IFS="$old_ifs"; set +f
-}
-ensure /pvc/user-data "shared/$uid/workspace"
-if [ -n "$workdir" ]; then check /pvc/user-data/shared/"$uid"/workspace "$workdir"; fi
-if [ "$skills" = 1 ]; then ensure /pvc/skills "skill-projections/$uid"; fi
-"#;
 
-/// The init container for a persistent sandbox of `uid`.
-pub fn init_container(image: &str, uid: &str, workdir: Option<&str>, skills: bool) -> Container {
-    let mut mounts = vec![VolumeMount {
-        name: "user-data".into(),
-        mount_path: USER_DATA_ROOT.into(),
-        ..Default::default()
-    }];
-    if skills {
-        mounts.push(VolumeMount {
-            name: "skills".into(),
-            mount_path: SKILLS_ROOT.into(),
-            ..Default::default()
-        });
+/// The init container of a sandbox Pod.
+pub fn init_container(agent_image: &str, dirs: Option<UserDirs<'_>>) -> Container {
+    let mut command = vec![
+        format!("{IMAGE_BIN_DIR}/sandboxd"),
+        "kube".into(),
+        "prepare".into(),
+        format!("--agent-from={IMAGE_BIN_DIR}/sandbox-agent"),
+        format!("--agent-to={}", GUEST.agent_path),
+    ];
+    let mut mounts = vec![mount(AGENT_VOLUME, agent_dir(), None, false)];
+    if let Some(d) = dirs {
+        // `--name=value`: a value starting with '-' stays a value.
+        command.push(format!("--user-data={USER_DATA_ROOT}"));
+        command.push(format!("--uid={}", d.uid));
+        if let Some(w) = d.workdir {
+            command.push(format!("--workdir={w}"));
+        }
+        mounts.push(mount("user-data", USER_DATA_ROOT, None, false));
+        if d.skills {
+            command.push(format!("--skills={SKILLS_ROOT}"));
+            mounts.push(mount("skills", SKILLS_ROOT, None, false));
+        }
     }
+    let small = std::collections::BTreeMap::from([
+        ("cpu".to_string(), Quantity("100m".into())),
+        ("memory".to_string(), Quantity("64Mi".into())),
+    ]);
     Container {
-        name: "prepare-user-dirs".into(),
-        image: Some(image.into()),
+        name: INIT_CONTAINER.into(),
+        image: Some(agent_image.into()),
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec!["/bin/sh".into(), "-c".into(), SCRIPT.into()]),
-        args: Some(vec![
-            "prepare".into(),
-            uid.into(),
-            workdir.unwrap_or("").into(),
-            if skills { "1" } else { "0" }.into(),
-        ]),
-        security_context: Some(SecurityContext {
-            run_as_user: Some(0),
-            run_as_group: Some(0),
-            run_as_non_root: Some(false),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                add: Some(vec!["CHOWN".into(), "DAC_OVERRIDE".into(), "FOWNER".into()]),
-            }),
+        command: Some(command),
+        security_context: Some(restricted()),
+        resources: Some(ResourceRequirements {
+            requests: Some(small.clone()),
+            limits: Some(small),
             ..Default::default()
         }),
         volume_mounts: Some(mounts),
@@ -101,61 +97,151 @@ pub fn init_container(image: &str, uid: &str, workdir: Option<&str>, skills: boo
     }
 }
 
+/// Arguments of `sandboxd kube prepare` (what [`init_container`] passes).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PrepareArgs {
+    /// The static agent to copy.
+    #[arg(long)]
+    pub agent_from: PathBuf,
+    /// Where to copy it (in the agent emptyDir).
+    #[arg(long)]
+    pub agent_to: PathBuf,
+    /// Root of the user-data PVC.
+    #[arg(long, requires = "uid")]
+    pub user_data: Option<PathBuf>,
+    #[arg(long)]
+    pub uid: Option<String>,
+    #[arg(long, requires = "user_data")]
+    pub workdir: Option<String>,
+    /// Root of the skills PVC.
+    #[arg(long, requires = "user_data")]
+    pub skills: Option<PathBuf>,
+}
+
+/// Why the init step failed, with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("cannot install the agent at {path}: {source}")]
+    Install {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Unsafe(PathError),
+    #[error("workdir_path: {0}")]
+    BadWorkdir(PathError),
+    #[error("{0} (is the PVC writable by uid/gid 1000? see the ownership migration in docs/kubernetes.md)")]
+    NotWritable(PathError),
+}
+
+impl PrepareError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            PrepareError::Install { .. } => 1,
+            PrepareError::Unsafe(_) => EXIT_UNSAFE_PATH,
+            PrepareError::BadWorkdir(_) => EXIT_BAD_WORKDIR,
+            PrepareError::NotWritable(_) => EXIT_NOT_WRITABLE,
+        }
+    }
+}
+
+fn dirs_error(e: PathError) -> PrepareError {
+    match e {
+        PathError::Create { .. } | PathError::Open { .. } => PrepareError::NotWritable(e),
+        e => PrepareError::Unsafe(e),
+    }
+}
+
+/// Copies the agent (mode 0555, through a temporary name).
+fn install(from: &Path, to: &Path) -> Result<(), PrepareError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| PrepareError::Install {
+        path: to.to_path_buf(),
+        source,
+    };
+    let tmp = to.with_extension("tmp");
+    std::fs::copy(from, &tmp).map_err(err)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o555)).map_err(err)?;
+    std::fs::rename(&tmp, to).map_err(err)
+}
+
+/// The whole init step.
+pub fn run(a: &PrepareArgs) -> Result<(), PrepareError> {
+    install(&a.agent_from, &a.agent_to)?;
+    let (Some(root), Some(uid)) = (&a.user_data, &a.uid) else {
+        return Ok(());
+    };
+    let workspace =
+        paths::ensure_user_dirs(root, &layout::workspace_rel(uid)).map_err(dirs_error)?;
+    if let Some(w) = &a.workdir {
+        let shown = root.join(layout::workspace_rel(uid)).join(w);
+        paths::open_beneath(&workspace, Path::new(w), &shown).map_err(PrepareError::BadWorkdir)?;
+    }
+    if let Some(skills) = &a.skills {
+        match paths::ensure_user_dirs(skills, &layout::kube_skills_rel(uid)) {
+            Ok(_) => {}
+            // Read-only in the sandbox: when uid 1000 may not create it,
+            // the kubelet creates the subPath (root-owned) instead.
+            Err(e @ (PathError::Create { .. } | PathError::Open { .. })) => {
+                eprintln!("sandboxd kube prepare: warning: {e}; the kubelet will create it");
+            }
+            Err(e) => return Err(PrepareError::Unsafe(e)),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    use std::process::Command;
+    use std::os::unix::fs::PermissionsExt;
 
-    /// Runs the script with the PVC roots rewritten to temp dirs (as an
-    /// unprivileged run: chown to 1000 only succeeds as root, so the
-    /// ownership is only checked when the test runs as root).
-    fn run(root: &std::path::Path, uid: &str, workdir: &str) -> (i32, String) {
-        let script = SCRIPT
-            .replace("/pvc/user-data", &root.join("ud").display().to_string())
-            .replace("/pvc/skills", &root.join("sk").display().to_string());
-        let out = Command::new("/bin/sh")
-            .args(["-c", &script, "prepare", uid, workdir, "1"])
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+    fn args(root: &Path, uid: &str, workdir: Option<&str>) -> PrepareArgs {
+        let from = root.join("agent-src");
+        std::fs::write(&from, b"agent").unwrap();
+        std::fs::create_dir_all(root.join("agent")).unwrap();
+        std::fs::create_dir_all(root.join("ud")).unwrap();
+        std::fs::create_dir_all(root.join("sk")).unwrap();
+        PrepareArgs {
+            agent_from: from,
+            agent_to: root.join("agent/sandbox-agent"),
+            user_data: Some(root.join("ud")),
+            uid: Some(uid.into()),
+            workdir: workdir.map(String::from),
+            skills: Some(root.join("sk")),
+        }
     }
 
     #[test]
-    fn script_creates_dirs_and_refuses_symlinks() {
-        if !nix::unistd::Uid::effective().is_root() {
-            eprintln!("SKIPPED: prepare script test needs root (chown to 1000)");
-            return;
-        }
+    fn installs_the_agent_creates_dirs_and_refuses_symlinks() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("ud")).unwrap();
-        std::fs::create_dir_all(d.path().join("sk")).unwrap();
-        let (code, err) = run(d.path(), "alice", "");
-        assert_eq!(code, 0, "{err}");
-        let ws = d.path().join("ud/shared/alice/workspace");
-        let md = std::fs::metadata(&ws).unwrap();
-        assert_eq!(md.permissions().mode() & 0o777, 0o700);
-        assert_eq!((md.uid(), md.gid()), (1000, 1000));
-        assert!(d.path().join("sk/skill-projections/alice").is_dir());
+        let root = std::fs::canonicalize(d.path()).unwrap();
+        run(&args(&root, "alice", None)).unwrap();
+        let agent = std::fs::metadata(root.join("agent/sandbox-agent")).unwrap();
+        assert_eq!(agent.permissions().mode() & 0o777, 0o555);
+        let ws = root.join("ud/shared/alice/workspace");
+        assert_eq!(
+            std::fs::metadata(&ws).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        assert!(root.join("sk/skill-projections/alice").is_dir());
 
-        // Missing workdir: exit 42; present: 0.
-        assert_eq!(run(d.path(), "alice", "projects/p1").0, EXIT_BAD_WORKDIR);
+        // Missing workdir: 42; present: fine; through a symlink: 42.
+        let e = run(&args(&root, "alice", Some("projects/p1"))).unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_BAD_WORKDIR, "{e}");
         std::fs::create_dir_all(ws.join("projects/p1")).unwrap();
-        assert_eq!(run(d.path(), "alice", "projects/p1").0, 0);
-        // A symlinked workdir component: exit 42, even to a real dir.
+        run(&args(&root, "alice", Some("projects/p1"))).unwrap();
         std::os::unix::fs::symlink(ws.join("projects"), ws.join("link")).unwrap();
-        assert_eq!(run(d.path(), "alice", "link/p1").0, EXIT_BAD_WORKDIR);
+        let e = run(&args(&root, "alice", Some("link/p1"))).unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_BAD_WORKDIR, "{e}");
 
-        // A user's dir replaced by a symlink to somewhere else: refused, and
-        // nothing is created through it.
-        let outside = d.path().join("outside");
+        // A user's directory replaced by a symlink: 41, nothing made
+        // through it.
+        let outside = root.join("outside");
         std::fs::create_dir_all(&outside).unwrap();
-        std::os::unix::fs::symlink(&outside, d.path().join("ud/shared/bob")).unwrap();
-        let (code, err) = run(d.path(), "bob", "");
-        assert_eq!(code, EXIT_UNSAFE_PATH, "{err}");
+        std::os::unix::fs::symlink(&outside, root.join("ud/shared/bob")).unwrap();
+        let e = run(&args(&root, "bob", None)).unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_UNSAFE_PATH, "{e}");
         assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
     }
 }

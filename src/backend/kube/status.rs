@@ -21,6 +21,8 @@ pub enum PodState {
     BadWorkdir,
     /// The init step refused a symlinked or non-directory user directory.
     UnsafeUserDir,
+    /// The init step could not create a user directory (permissions).
+    NotWritable,
 }
 
 pub fn uid(pod: &Pod) -> Option<&str> {
@@ -41,6 +43,7 @@ pub fn pod_state(pod: &Pod) -> PodState {
                 0 => {}
                 prepare::EXIT_BAD_WORKDIR => return PodState::BadWorkdir,
                 prepare::EXIT_UNSAFE_PATH => return PodState::UnsafeUserDir,
+                prepare::EXIT_NOT_WRITABLE => return PodState::NotWritable,
                 _ => return PodState::Ended,
             }
         }
@@ -72,7 +75,10 @@ pub fn sandbox_status(state: PodState) -> SandboxStatus {
     match state {
         PodState::Ready => SandboxStatus::Running,
         PodState::Starting => SandboxStatus::Creating,
-        PodState::Ended | PodState::BadWorkdir | PodState::UnsafeUserDir => SandboxStatus::Exited,
+        PodState::Ended
+        | PodState::BadWorkdir
+        | PodState::UnsafeUserDir
+        | PodState::NotWritable => SandboxStatus::Exited,
     }
 }
 
@@ -139,7 +145,7 @@ mod tests {
         assert_eq!(pod_state(&failed), PodState::Ended);
         let bad = pod(
             serde_json::json!({"status": {"phase": "Pending", "initContainerStatuses": [
-            {"name": "prepare-user-dirs", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            {"name": "sandboxd-prepare", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
              "state": {"terminated": {"exitCode": 42}}}]}}),
         );
         assert_eq!(pod_state(&bad), PodState::BadWorkdir);

@@ -3,23 +3,59 @@
 
 use serde_json::{json, Value};
 
+fn res(name: &str, kind: &str, namespaced: bool) -> Value {
+    json!({"name": name, "singularName": "", "namespaced": namespaced, "kind": kind,
+           "verbs": ["create", "delete", "get", "list", "patch", "update"]})
+}
+
+fn group(name: &str) -> Value {
+    let gv = format!("{name}/v1");
+    json!({"name": name, "versions": [{"groupVersion": gv, "version": "v1"}],
+           "preferredVersion": {"groupVersion": gv, "version": "v1"}})
+}
+
+fn list(group_version: &str, resources: Vec<Value>) -> Value {
+    json!({"kind": "APIResourceList", "groupVersion": group_version, "resources": resources})
+}
+
 pub fn discovery(path: &str) -> Option<Value> {
-    let res = |name: &str, kind: &str| {
-        json!({"name": name, "singularName": "", "namespaced": true, "kind": kind,
-               "verbs": ["create", "delete", "get", "list", "patch", "update"]})
-    };
     Some(match path {
         "/api" => json!({"kind": "APIVersions", "versions": ["v1"],
                          "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}),
         "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": "rbac.authorization.k8s.io",
-             "versions": [{"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}],
-             "preferredVersion": {"groupVersion": "rbac.authorization.k8s.io/v1", "version": "v1"}}]}),
-        "/api/v1" => json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-            res("pods", "Pod"), res("services", "Service"), res("serviceaccounts", "ServiceAccount")]}),
-        "/apis/rbac.authorization.k8s.io/v1" => json!({"kind": "APIResourceList",
-            "groupVersion": "rbac.authorization.k8s.io/v1", "resources": [
-            res("roles", "Role"), res("rolebindings", "RoleBinding")]}),
+            group("rbac.authorization.k8s.io"), group("networking.k8s.io"), group("apps"),
+            group("batch")]}),
+        "/api/v1" => list(
+            "v1",
+            vec![
+                res("pods", "Pod", true),
+                res("services", "Service", true),
+                res("serviceaccounts", "ServiceAccount", true),
+                res("secrets", "Secret", true),
+                res("persistentvolumeclaims", "PersistentVolumeClaim", true),
+                res("configmaps", "ConfigMap", true),
+                res("namespaces", "Namespace", false),
+            ],
+        ),
+        "/apis/rbac.authorization.k8s.io/v1" => list(
+            "rbac.authorization.k8s.io/v1",
+            vec![
+                res("roles", "Role", true),
+                res("rolebindings", "RoleBinding", true),
+            ],
+        ),
+        "/apis/networking.k8s.io/v1" => list(
+            "networking.k8s.io/v1",
+            vec![res("networkpolicies", "NetworkPolicy", true)],
+        ),
+        "/apis/apps/v1" => list(
+            "apps/v1",
+            vec![
+                res("deployments", "Deployment", true),
+                res("daemonsets", "DaemonSet", true),
+            ],
+        ),
+        "/apis/batch/v1" => list("batch/v1", vec![res("jobs", "Job", true)]),
         _ => return None,
     })
 }

@@ -2,11 +2,14 @@
 //! its own thread and runtime) enforcing the semantics the kube backend
 //! relies on: 201 / 409 AlreadyExists on create, 404 NotFound, UID
 //! preconditions on delete (409 Conflict on mismatch), equality label
-//! selectors on list, NodePort allocation; Pods become Ready only when the
-//! test says so (or automatically, when asked). It also serves the
-//! discovery documents `kubectl apply --dry-run=client` needs.
+//! selectors on list, NodePort allocation, garbage collection of objects
+//! owned by a deleted Pod, SelfSubjectAccessReviews; Pods become Ready only
+//! when the test says so (or automatically, when asked). Tests can deny
+//! permissions, refuse creates of a resource, or drop `hostUsers` as an API
+//! server without user namespaces does. It also serves the discovery
+//! documents `kubectl apply --dry-run=client` needs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -37,6 +40,16 @@ struct State {
     graceful: bool,
     /// "METHOD path?query" of every request.
     log: Vec<String>,
+    /// (resource, body) of every create, in order.
+    posts: Vec<(String, Value)>,
+    /// "verb resource" pairs SelfSubjectAccessReviews deny.
+    denied: BTreeSet<String>,
+    /// Resources whose creates are refused (403 Forbidden).
+    refused: BTreeSet<String>,
+    /// Pod creates lose `spec.hostUsers` (no UserNamespacesSupport).
+    drop_host_users: bool,
+    /// The clusterIP of every Service (default 10.96.0.10).
+    cluster_ip: Option<String>,
 }
 
 #[derive(Clone)]
@@ -74,9 +87,13 @@ fn kind_of(resource: &str) -> &'static str {
     match resource {
         "pods" => "Pod",
         "services" => "Service",
+        "secrets" => "Secret",
+        "networkpolicies" => "NetworkPolicy",
         _ => "Unknown",
     }
 }
+
+const RESOURCES: [&str; 4] = ["pods", "services", "secrets", "networkpolicies"];
 
 fn ready_status(ip: &str) -> Value {
     json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
@@ -128,15 +145,21 @@ impl State {
                 return (200, d);
             }
         }
-        // /api/v1/namespaces/{ns}/{resource}[/{name}] (or an RBAC group path).
+        // /api/v1/namespaces/{ns}/{resource}[/{name}] (or a group path).
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         let (resource, name) = match parts.as_slice() {
+            ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]
+                if method == "POST" =>
+            {
+                return self.access_review(body)
+            }
             ["api", "v1", "namespaces", _ns, r] => (*r, None),
             ["api", "v1", "namespaces", _ns, r, n] => (*r, Some(*n)),
+            ["apis", _g, _v, "namespaces", _ns, r] => (*r, None),
             ["apis", _g, _v, "namespaces", _ns, r, n] => (*r, Some(*n)),
             _ => return status(404, "NotFound", format!("no route {path}")),
         };
-        if resource != "pods" && resource != "services" {
+        if !RESOURCES.contains(&resource) {
             return status(
                 404,
                 "NotFound",
@@ -184,16 +207,57 @@ impl State {
                     }
                     return (200, obj.clone());
                 }
-                (200, self.objects.remove(&key).unwrap())
+                let removed = self.objects.remove(&key).unwrap();
+                if resource == "pods" {
+                    self.collect_garbage(&removed);
+                }
+                (200, removed)
             }
             _ => status(405, "MethodNotAllowed", format!("{method} {path}")),
         }
+    }
+
+    /// The garbage collector: objects owned by the removed Pod go too.
+    fn collect_garbage(&mut self, pod: &Value) {
+        let Some(uid) = pod["metadata"]["uid"].as_str() else {
+            return;
+        };
+        self.objects.retain(|_, o| {
+            !o["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+        });
+    }
+
+    fn access_review(&mut self, body: &[u8]) -> (u16, Value) {
+        let mut review: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let attrs = &review["spec"]["resourceAttributes"];
+        let key = format!(
+            "{} {}",
+            attrs["verb"].as_str().unwrap_or(""),
+            attrs["resource"].as_str().unwrap_or("")
+        );
+        review["status"] = json!({"allowed": !self.denied.contains(&key)});
+        (201, review)
     }
 
     fn create(&mut self, resource: &str, body: &[u8]) -> (u16, Value) {
         let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
             return status(400, "BadRequest", "body is not JSON".into());
         };
+        self.posts.push((resource.to_string(), obj.clone()));
+        if self.refused.contains(resource) {
+            return status(
+                403,
+                "Forbidden",
+                format!("{resource} is forbidden: User \"system:serviceaccount:sandboxes:sandboxd\" cannot create resource \"{resource}\""),
+            );
+        }
+        if resource == "pods" && self.drop_host_users {
+            if let Some(spec) = obj["spec"].as_object_mut() {
+                spec.remove("hostUsers");
+            }
+        }
         let Some(name) = obj["metadata"]["name"].as_str().map(str::to_string) else {
             return status(422, "Invalid", "metadata.name is required".into());
         };
@@ -213,8 +277,11 @@ impl State {
                 Some(ip) => ready_status(ip),
                 None => json!({"phase": "Pending"}),
             };
-        } else {
-            obj["spec"]["clusterIP"] = json!("10.96.0.10");
+        } else if resource == "services" {
+            obj["spec"]["clusterIP"] = json!(self
+                .cluster_ip
+                .clone()
+                .unwrap_or_else(|| "10.96.0.10".into()));
             if obj["spec"]["type"] == "NodePort" {
                 let port = self.node_port.unwrap_or_else(|| {
                     self.next_node_port += 1;
@@ -317,11 +384,60 @@ impl FakeApi {
         self.st().graceful = on;
     }
 
-    /// Removes every terminating Pod (their grace period ran out).
+    /// Removes every terminating Pod (their grace period ran out), and what
+    /// they own.
     pub fn finish_deletions(&self) {
-        self.st()
+        let mut st = self.st();
+        let gone: Vec<Value> = st
             .objects
+            .values()
+            .filter(|o| o["metadata"].get("deletionTimestamp").is_some())
+            .cloned()
+            .collect();
+        st.objects
             .retain(|_, o| o["metadata"].get("deletionTimestamp").is_none());
+        for pod in &gone {
+            st.collect_garbage(pod);
+        }
+    }
+
+    /// SelfSubjectAccessReviews deny `verb` on `resource`.
+    pub fn deny(&self, verb: &str, resource: &str) {
+        self.st().denied.insert(format!("{verb} {resource}"));
+    }
+
+    /// Creates of `resource` are refused with 403.
+    pub fn refuse_creates(&self, resource: &str) {
+        self.st().refused.insert(resource.to_string());
+    }
+
+    /// Pod creates lose `spec.hostUsers`, as on an API server without
+    /// user-namespace support.
+    pub fn drop_host_users(&self) {
+        self.st().drop_host_users = true;
+    }
+
+    /// Every new Service gets `ip` as its clusterIP.
+    pub fn cluster_ip(&self, ip: &str) {
+        self.st().cluster_ip = Some(ip.to_string());
+    }
+
+    /// (resource, body) of every create request, in order.
+    pub fn posts(&self) -> Vec<(String, Value)> {
+        self.st().posts.clone()
+    }
+
+    pub fn secrets(&self) -> Vec<Value> {
+        self.objects("secrets")
+    }
+
+    pub fn network_policies(&self) -> Vec<Value> {
+        self.objects("networkpolicies")
+    }
+
+    /// Every object of every kind.
+    pub fn all_objects(&self) -> Vec<Value> {
+        self.st().objects.values().cloned().collect()
     }
 
     /// Every Service gets `port` as its node port.
@@ -371,7 +487,7 @@ impl FakeApi {
             .get_mut(&("pods".to_string(), name.to_string()))
             .expect("pod");
         pod["status"] = json!({"phase": "Failed", "initContainerStatuses": [
-            {"name": "prepare-user-dirs", "image": "i", "imageID": "", "ready": false,
+            {"name": "sandboxd-prepare", "image": "i", "imageID": "", "ready": false,
              "restartCount": 0, "state": {"terminated": {"exitCode": code}}}]});
     }
 
@@ -399,13 +515,17 @@ impl FakeApi {
     }
 
     /// Inserts a Service as another client would create it; returns its UID.
-    pub fn insert_service(&self, mut svc: Value) -> String {
+    pub fn insert_service(&self, svc: Value) -> String {
+        self.insert("services", svc)
+    }
+
+    /// Inserts an object of `resource` as another client would create it;
+    /// returns its UID.
+    pub fn insert(&self, resource: &str, mut obj: Value) -> String {
         let uid = new_uid();
-        svc["metadata"]["uid"] = json!(uid);
-        let name = svc["metadata"]["name"].as_str().unwrap().to_string();
-        self.st()
-            .objects
-            .insert(("services".to_string(), name), svc);
+        obj["metadata"]["uid"] = json!(uid);
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        self.st().objects.insert((resource.to_string(), name), obj);
         uid
     }
 
