@@ -54,7 +54,7 @@ pub enum Command {
     /// Delete a sandbox through the local daemon.
     Rm(ops::RmArgs),
     /// Print the recent output (last 64 KiB, timestamped) of a sandbox's PID 1.
-    Logs(ops::InspectArgs),
+    Logs(ops::LogsArgs),
     /// Check this node for the configured backend and explain every problem
     /// with its fix; exit status 0 only when a create would work.
     Doctor(doctor::DoctorArgs),

@@ -52,6 +52,17 @@ pub struct RmArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The sandbox whose output to print.
+    pub id: String,
+    /// Keep printing new lines (once a second) until the sandbox is gone.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct InspectArgs {
     #[command(flatten)]
     pub target: Target,
@@ -337,19 +348,45 @@ pub fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
 
 /// `sandboxd logs ID`: the recent output of the sandbox's PID 1 (the
 /// daemon keeps the last 64 KiB per sandbox, with timestamps).
-pub fn logs(a: InspectArgs) -> anyhow::Result<i32> {
+pub fn logs(a: LogsArgs) -> anyhow::Result<i32> {
     check_id(&a.id)?;
     let api = Api::from_target(&a.target)?;
-    let (status, body) = api.call_raw("GET", &format!("/api/sandboxes/{}/logs", a.id))?;
-    match status {
-        200 => {
-            std::io::stdout().write_all(&body)?;
-            Ok(0)
+    let path = format!("/api/sandboxes/{}/logs", a.id);
+    let mut printed: Option<String> = None;
+    loop {
+        let (status, body) = api.call_raw("GET", &path)?;
+        match status {
+            200 => {
+                let text = String::from_utf8_lossy(&body);
+                let lines: Vec<&str> = text.lines().collect();
+                // Only what follows the last line already printed (each
+                // line carries its time, so a repeat is the same line).
+                let start = printed
+                    .as_deref()
+                    .and_then(|last| lines.iter().rposition(|l| *l == last))
+                    .map_or(0, |i| i + 1);
+                let mut out = std::io::stdout().lock();
+                for l in &lines[start..] {
+                    writeln!(out, "{l}")?;
+                }
+                out.flush()?;
+                if let Some(l) = lines.last() {
+                    printed = Some(l.to_string());
+                }
+            }
+            404 if a.follow && printed.is_some() => {
+                eprintln!("sandbox {} is gone", a.id);
+                return Ok(0);
+            }
+            s => {
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                bail!("logs of sandbox {} ({s}): {}", a.id, detail(&v))
+            }
         }
-        s => {
-            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            bail!("logs of sandbox {} ({s}): {}", a.id, detail(&v))
+        if !a.follow {
+            return Ok(0);
         }
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 

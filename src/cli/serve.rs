@@ -173,17 +173,35 @@ fn notify(notifier: Option<&Notifier>, state: &str) {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = int.recv() => info!("SIGINT received"),
+/// SIGTERM and SIGINT, caught from the moment this is made: a signal that
+/// arrives before the shutdown future is first polled (say, right after
+/// `READY=1`) is queued, not fatal.
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> anyhow::Result<ShutdownSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ShutdownSignals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    async fn received(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => info!("SIGTERM received"),
+            _ = self.int.recv() => info!("SIGINT received"),
+        }
     }
 }
 
 async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
+    // First: from here on a SIGTERM is a graceful stop (queued until the
+    // daemon serves), never the default instant death.
+    let signals = ShutdownSignals::install()?;
     let notifier = sd.notifier.clone();
     if let Some(n) = &notifier {
         info!(
@@ -282,7 +300,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         ),
     );
     let shutdown = async {
-        shutdown_signal().await;
+        signals.received().await;
         notify(notifier.as_ref(), "STOPPING=1\nSTATUS=stopping");
     };
     api::serve(
