@@ -34,6 +34,7 @@ mod native_durability;
 mod native_isolation;
 mod native_runc;
 mod native_seccomp;
+mod network;
 mod operator;
 mod seccomp_cli;
 mod seccomp_probe;
