@@ -395,6 +395,49 @@ pub const DEFAULT_AGENT_IMAGE: &str = concat!("sandboxd:", env!("CARGO_PKG_VERSI
 /// userland with Python (the agent is copied in; see `docs/kubernetes.md`).
 pub const DEFAULT_SANDBOX_IMAGE: &str = "python:3.12-slim-bookworm";
 
+/// What the network of a sandbox is (`[network] mode`, `SANDBOXD_NETWORK`).
+pub use sandbox_abi::model::NetworkMode;
+
+/// Sandbox networking (`[network]`, see `docs/network.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// `egress` (default): a veth, NAT and the egress policy; `none`:
+    /// loopback only.
+    pub mode: NetworkMode,
+    /// The pool every sandbox's address comes from (a /31 each).
+    pub subnet: String,
+    /// Holes in the deny list: `CIDR` or `CIDR:port` (TCP and UDP).
+    pub allow: Vec<String>,
+    /// More denied destinations (CIDRs), on top of the built-in list.
+    pub deny: Vec<String>,
+    /// Concurrent connections one sandbox may have (`ct count`).
+    pub max_connections: u32,
+    /// The host's resolver configuration the sandboxes' resolvers come
+    /// from (a loopback stub sends us to systemd-resolved's upstream list).
+    pub resolv_conf: PathBuf,
+    /// The nftables table (family `inet`) the daemon owns.
+    pub table: String,
+    /// The prefix of the host ends of the sandboxes' veths. Two daemons on
+    /// one host (tests) need their own table, prefix and subnet.
+    pub link_prefix: String,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            mode: NetworkMode::Egress,
+            subnet: "10.243.0.0/16".to_string(),
+            allow: Vec::new(),
+            deny: Vec::new(),
+            max_connections: 512,
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            table: "sandboxd".to_string(),
+            link_prefix: "sbx-".to_string(),
+        }
+    }
+}
+
 /// The whole daemon configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -444,6 +487,7 @@ pub struct Config {
     pub backend_alias: Option<String>,
     pub native: NativeConfig,
     pub kubernetes: KubeConfig,
+    pub network: NetworkConfig,
 }
 
 impl Default for Config {
@@ -477,6 +521,7 @@ impl Default for Config {
             backend_alias: None,
             native: NativeConfig::default(),
             kubernetes: KubeConfig::default(),
+            network: NetworkConfig::default(),
         }
     }
 }
@@ -551,7 +596,23 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_LOG_FORMAT", Setter::Any(set_log_format)),
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
+    ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_NETWORK_SUBNET", Setter::Text(|c, v| c.network.subnet = v)),
+    ("SANDBOXD_NETWORK_ALLOW", Setter::Any(|c, v| { c.network.allow = split_list(v); Ok(()) })),
+    ("SANDBOXD_NETWORK_DENY", Setter::Any(|c, v| { c.network.deny = split_list(v); Ok(()) })),
+    ("SANDBOXD_NETWORK_MAX_CONNECTIONS", Setter::Parsed(|c, v| parse_into(&mut c.network.max_connections, v))),
+    ("SANDBOXD_NETWORK_RESOLV_CONF", Setter::Text(|c, v| c.network.resolv_conf = v.into())),
+    ("SANDBOXD_NETWORK_TABLE", Setter::Text(|c, v| c.network.table = v)),
+    ("SANDBOXD_NETWORK_LINK_PREFIX", Setter::Text(|c, v| c.network.link_prefix = v)),
 ];
+
+/// A comma- or white-space-separated list (empty entries dropped).
+fn split_list(v: &str) -> Vec<String> {
+    v.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
 
 /// `PROVISIONER_BACKEND`: `docker` and `local` are remembered as aliases
 /// (logged once logging is set up).

@@ -17,6 +17,18 @@ pub struct StatusLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficLabel {
+    pub sandbox_id: String,
+    /// `sent` or `received` (seen from the sandbox).
+    pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -40,6 +52,10 @@ pub struct Metrics {
     pub reaped: Counter,
     pub oom_kills: Counter,
     pub errors: Family<KindLabel, Counter>,
+    /// Packets the egress policy dropped, by reason (nft counters).
+    pub net_dropped: Family<ReasonLabel, Gauge>,
+    /// Bytes through each sandbox's veth.
+    pub net_bytes: Family<TrafficLabel, Gauge>,
     render_lock: Mutex<()>,
 }
 
@@ -90,6 +106,18 @@ impl Metrics {
             oom_kills.clone(),
         );
         registry.register("errors", "Errors by kind", errors.clone());
+        let net_dropped = Family::<ReasonLabel, Gauge>::default();
+        let net_bytes = Family::<TrafficLabel, Gauge>::default();
+        registry.register(
+            "network_dropped_packets",
+            "Packets from sandboxes dropped by the egress policy, by reason (since the table was built)",
+            net_dropped.clone(),
+        );
+        registry.register(
+            "sandbox_network_bytes",
+            "Bytes through a sandbox's veth, by direction (seen from the sandbox)",
+            net_bytes.clone(),
+        );
         Metrics {
             registry,
             sandboxes,
@@ -99,6 +127,8 @@ impl Metrics {
             reaped,
             oom_kills,
             errors,
+            net_dropped,
+            net_bytes,
             render_lock: Mutex::new(()),
         }
     }
@@ -109,6 +139,28 @@ impl Metrics {
                 kind: kind.to_string(),
             })
             .inc();
+    }
+
+    /// Sets the network gauges from a backend's counters.
+    pub fn set_network(&self, m: &crate::backend::NetworkMetrics) {
+        for (reason, n) in &m.dropped {
+            self.net_dropped
+                .get_or_create(&ReasonLabel {
+                    reason: reason.clone(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        self.net_bytes.clear();
+        for (id, sent, received) in &m.bytes {
+            for (direction, n) in [("sent", sent), ("received", received)] {
+                self.net_bytes
+                    .get_or_create(&TrafficLabel {
+                        sandbox_id: id.clone(),
+                        direction: direction.to_string(),
+                    })
+                    .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            }
+        }
     }
 
     /// Renders the text exposition format, after setting the per-status

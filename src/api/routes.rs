@@ -135,6 +135,9 @@ pub fn record_json(state: &AppState, r: &SandboxRecord) -> Value {
     if let Some(oom) = r.oom_killed {
         v["oom_killed"] = json!(oom);
     }
+    if let Some(net) = state.lifecycle.backend().network(&r.sandbox_id) {
+        v["network"] = net;
+    }
     v
 }
 
@@ -252,6 +255,11 @@ async fn route(
             }),
         )),
         (Route::Metrics, &Method::GET) => {
+            // Reading the nft counters runs the nft binary: off the runtime.
+            let b = lc.backend().clone();
+            if let Ok(Some(nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await {
+                lc.metrics().set_network(&nm);
+            }
             let text = lc.metrics().render(&lc.status_counts());
             Ok(Response::builder()
                 .status(StatusCode::OK)

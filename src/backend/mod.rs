@@ -70,6 +70,15 @@ pub struct Upstream {
     pub stream: TcpStream,
 }
 
+/// Network counters of a backend (see `docs/network.md`).
+#[derive(Debug, Clone, Default)]
+pub struct NetworkMetrics {
+    /// Packets dropped by the egress policy, by reason.
+    pub dropped: Vec<(String, u64)>,
+    /// Per sandbox: (id, bytes sent, bytes received).
+    pub bytes: Vec<(String, u64, u64)>,
+}
+
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// `native`, `kubernetes` or `memory` (reported by `/health`).
@@ -134,6 +143,18 @@ pub trait Backend: Send + Sync + 'static {
     /// The recent output of the sandbox's PID 1 (bounded, with timestamps),
     /// when the backend keeps it; `None` otherwise.
     fn logs(&self, _sandbox_id: &str) -> Option<String> {
+        None
+    }
+
+    /// The sandbox's network (`mode`, and `address` with egress) for the
+    /// create/discover answer and `sandboxd inspect`, when the backend
+    /// manages one.
+    fn network(&self, _sandbox_id: &str) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Network counters for `/metrics`, when the backend has them.
+    fn network_metrics(&self) -> Option<NetworkMetrics> {
         None
     }
 }

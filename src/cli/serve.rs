@@ -30,7 +30,11 @@ pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         // libcgroups warns about every v1 controller a host lacks, on every
         // cgroup it opens: keep that out of the default log.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libcgroups=error"));
+        // netlink-packet-route warns about every attribute newer than it on
+        // every link dump.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,libcgroups=error,netlink_packet_route=error")
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

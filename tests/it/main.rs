@@ -35,6 +35,7 @@ mod native_durability;
 mod native_isolation;
 mod native_runc;
 mod native_seccomp;
+mod network;
 mod operator;
 mod seccomp_cli;
 mod seccomp_probe;

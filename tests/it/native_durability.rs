@@ -28,6 +28,8 @@ struct Snapshot {
     cgroups: BTreeSet<String>,
     mounts: BTreeSet<String>,
     state_dirs: BTreeSet<String>,
+    /// Veths, addresses and set elements of the test's network.
+    net: BTreeSet<String>,
 }
 
 fn ppid(pid: &str) -> Option<u32> {
@@ -108,6 +110,7 @@ fn snapshot(dirs: &NativeDirs, state: &Path, daemon: Option<u32>) -> Snapshot {
         cgroups,
         mounts,
         state_dirs: list(&state.join("sandboxes")),
+        net: dirs.net_leftovers(),
     }
 }
 
@@ -308,6 +311,7 @@ async fn a_crash_during_create_leaks_nothing() {
         "init:after_mounts",
         "create:after_pid",
         "create:after_launch",
+        "create:after_network",
         "create:after_running",
     ] {
         let id = format!("c{}", fp.replace([':', '_'], "-"));

@@ -43,18 +43,22 @@ async fn isolation_seen_from_inside() {
         .await;
     assert_eq!(out, "Seccomp_filters:\t4\n");
 
-    // Only loopback.
-    let (out, _) = d
-        .exec("iso", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
-        .await;
-    assert_eq!(out, "lo\n");
+    // Loopback and the egress veth (the default network mode; `none` is
+    // checked in `network.rs`).
     let (out, _) = d
         .exec(
             "iso",
-            "command -v ip >/dev/null && ip -o link | cut -d: -f2 | tr -d ' ' || echo lo",
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort",
         )
         .await;
-    assert_eq!(out, "lo\n");
+    assert_eq!(out, "eth0\nlo\n");
+    let (out, _) = d
+        .exec(
+            "iso",
+            "command -v ip >/dev/null && ip -o link | cut -d: -f2 | cut -d@ -f1 | tr -d ' ' | sort || printf 'eth0\\nlo\\n'",
+        )
+        .await;
+    assert_eq!(out, "eth0\nlo\n");
 
     // A TCP server on the host's loopback is unreachable.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -347,6 +347,10 @@ fn notify_ready_after_native_reconciliation() {
         .env("SANDBOXD_USER_DATA_ROOT", dirs.user_data())
         .env("SANDBOXD_SKILLS_ROOT", dirs.skills())
         .env("SANDBOXD_CGROUP_PARENT", &dirs.cgroup_parent)
+        // The test's own table, veth prefix and pool (see NativeDirs).
+        .env("SANDBOXD_NETWORK_TABLE", &dirs.net_table)
+        .env("SANDBOXD_NETWORK_LINK_PREFIX", &dirs.net_prefix)
+        .env("SANDBOXD_NETWORK_SUBNET", &dirs.net_subnet)
         .env("NOTIFY_SOCKET", &notify.path);
     let mut d = Proc::spawn(cmd);
     notify.wait_for("READY=1", Duration::from_secs(60));

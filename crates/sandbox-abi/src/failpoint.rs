@@ -61,6 +61,9 @@ pub enum Point {
     CreateAfterPid,
     /// Agent ready, state not yet `running`.
     CreateAfterLaunch,
+    /// The sandbox's veth, address and set element exist (egress), state
+    /// not yet `running`.
+    CreateAfterNetwork,
     /// State `running` written.
     CreateAfterRunning,
     /// Phase `deleting` written.
@@ -79,12 +82,13 @@ pub enum Point {
 
 impl Point {
     /// Every point, for tests that walk them all.
-    pub const ALL: [Point; 12] = [
+    pub const ALL: [Point; 13] = [
         Point::CreateAfterState,
         Point::CreateAfterCgroup,
         Point::CreateAfterBundle,
         Point::CreateAfterPid,
         Point::CreateAfterLaunch,
+        Point::CreateAfterNetwork,
         Point::CreateAfterRunning,
         Point::DeleteAfterState,
         Point::DeleteAfterKill,
@@ -102,6 +106,7 @@ impl Point {
             Point::CreateAfterBundle => "create:after_bundle",
             Point::CreateAfterPid => "create:after_pid",
             Point::CreateAfterLaunch => "create:after_launch",
+            Point::CreateAfterNetwork => "create:after_network",
             Point::CreateAfterRunning => "create:after_running",
             Point::DeleteAfterState => "delete:after_state",
             Point::DeleteAfterKill => "delete:after_kill",

@@ -135,6 +135,37 @@ pub enum StorageMode {
     Ephemeral,
 }
 
+/// A sandbox's network: `egress` (a veth, NAT, the node's egress policy)
+/// or `none` (loopback only). The daemon's `[network] mode` is the default
+/// and the widest a create may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    Egress,
+    None,
+}
+
+impl NetworkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::Egress => "egress",
+            NetworkMode::None => "none",
+        }
+    }
+}
+
+impl std::str::FromStr for NetworkMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "egress" => Ok(NetworkMode::Egress),
+            "none" => Ok(NetworkMode::None),
+            other => Err(format!("network mode {other:?} is not egress or none")),
+        }
+    }
+}
+
 /// What a `sandbox_id` is bound to. A create with the same id and a
 /// different identity is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +202,9 @@ pub struct CreateRequest {
     pub inherit_env: Option<bool>,
     #[serde(default)]
     pub resources: Option<ResourceRequest>,
+    /// `"none"` narrows this sandbox to loopback; absent: the daemon's mode.
+    #[serde(default)]
+    pub network: Option<NetworkMode>,
 }
 
 /// A validated create request, with the environment already merged
@@ -182,6 +216,8 @@ pub struct SandboxSpec {
     pub env: BTreeMap<String, String>,
     /// Effective limits: the request's values or the node defaults.
     pub resources: Resources,
+    /// The network the request asked for (`None`: the daemon's default).
+    pub network: Option<NetworkMode>,
 }
 
 /// Effective resource limits of a sandbox.

@@ -73,6 +73,7 @@ impl SandboxSpec {
             },
             env,
             resources,
+            network: req.network,
         })
     }
 }

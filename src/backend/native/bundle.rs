@@ -299,8 +299,12 @@ pub fn build_spec(
     Ok(out)
 }
 
-/// The generated files bound over `/etc/...` (user `gem` 1000).
-pub fn generated_files(hostname: &str) -> Vec<(&'static str, String)> {
+/// `/etc/resolv.conf` of a sandbox with loopback only.
+pub const RESOLV_NO_NETWORK: &str = "# sandboxd: no network\n";
+
+/// The generated files bound over `/etc/...` (user `gem` 1000);
+/// `resolv_conf` depends on the sandbox's network.
+pub fn generated_files(hostname: &str, resolv_conf: &str) -> Vec<(&'static str, String)> {
     vec![
         (
             "passwd",
@@ -317,8 +321,7 @@ pub fn generated_files(hostname: &str) -> Vec<(&'static str, String)> {
             "hosts",
             format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
         ),
-        // Loopback only: no resolver is reachable from a sandbox.
-        ("resolv.conf", "# sandboxd: no network\n".to_string()),
+        ("resolv.conf", resolv_conf.to_string()),
         ("hostname", format!("{hostname}\n")),
     ]
 }
@@ -376,6 +379,7 @@ pub fn write_bundle(
     spec: &Spec,
     command_env: &[String],
     seccomp_verbatim: Option<&serde_json::Value>,
+    resolv_conf: &str,
 ) -> Result<(), BundleError> {
     let root = create_exclusive_dir(dir)?;
     let rootfs = make_dir(&root, dir, "rootfs")?;
@@ -405,7 +409,7 @@ pub fn write_bundle(
     let files = make_dir(&root, dir, "files")?;
     let files_path = dir.join("files");
     let hostname = spec.hostname().clone().unwrap_or_else(|| "sandbox".into());
-    for (name, content) in generated_files(&hostname) {
+    for (name, content) in generated_files(&hostname, resolv_conf) {
         // Bound over /etc inside, read by the sandbox user.
         write_new_file(&files, &files_path, name, content.as_bytes(), 0o644)?;
     }
@@ -564,6 +568,7 @@ mod tests {
                 cpus: 0.5,
                 pids: 64,
             },
+            network: None,
         }
     }
 

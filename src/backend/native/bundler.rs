@@ -60,6 +60,10 @@ pub struct Bundler {
     base: Spec,
     seccomp: Seccomp,
     cgroup_parent: CgroupParent,
+    /// The daemon's network mode (the default of a sandbox).
+    network: crate::config::NetworkMode,
+    /// `/etc/resolv.conf` of a sandbox with egress.
+    resolv_egress: String,
 }
 
 impl Bundler {
@@ -76,6 +80,11 @@ impl Bundler {
             base,
             seccomp,
             cgroup_parent,
+            network: cfg.network.mode,
+            resolv_egress: {
+                let (ns, search) = super::net::dns::host_resolvers(&cfg.network.resolv_conf);
+                super::net::dns::render(&ns, &search)
+            },
         })
     }
 
@@ -113,7 +122,11 @@ impl Bundler {
             Some(&self.seccomp.oci),
         )?;
         let env = bundle::command_env(&self.base, spec);
-        bundle::write_bundle(dir, &oci, &env, Some(&self.seccomp.verbatim))?;
+        let resolv = match spec.network.unwrap_or(self.network) {
+            crate::config::NetworkMode::Egress => self.resolv_egress.as_str(),
+            crate::config::NetworkMode::None => bundle::RESOLV_NO_NETWORK,
+        };
+        bundle::write_bundle(dir, &oci, &env, Some(&self.seccomp.verbatim), resolv)?;
         Ok(oci)
     }
 }

@@ -75,6 +75,7 @@ impl NativeBackend {
         timeout: Duration,
     ) -> Result<SandboxRecord, NativeError> {
         let id = spec.sandbox_id.as_str();
+        let mode = self.net.effective(spec.network)?;
         self.prepare_user_paths(spec)?;
         let generation = new_generation();
         let dir = self.state.sandbox_dir(id);
@@ -93,6 +94,7 @@ impl NativeBackend {
             cgroup: None,
             resources: spec.resources,
             created_at: unix_now(),
+            network: None,
         };
         let mut made = CreateGuard::new(self, id);
         self.state.save(&st)?;
@@ -161,6 +163,12 @@ impl NativeBackend {
                 source,
             })?;
         failpoint::hit(Point::CreateAfterLaunch);
+        // The sandbox's veth, address, route and set element, before the
+        // create answers (the agent still listens on loopback only).
+        if mode == crate::config::NetworkMode::Egress {
+            st.network = self.net.attach(id, &netns)?;
+        }
+        failpoint::hit(Point::CreateAfterNetwork);
         st.phase = Phase::Running;
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
@@ -174,6 +182,7 @@ impl NativeBackend {
             handle,
             netns: Arc::new(netns),
             cgroup: Some(Arc::new(cgroup)),
+            net: st.network.clone(),
         });
         Ok(record)
     }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::bundle::BundleError;
 use super::launch::LaunchError;
+use super::net::NetError;
 use super::netns::NetnsError;
 use super::paths::PathError;
 use super::state::StateError;
@@ -103,6 +104,9 @@ pub enum NativeError {
     OtherGeneration { id: String },
     #[error("sandbox {id} is not running")]
     NotRunning { id: String },
+    /// The network of the node (start-up) or of one sandbox (create).
+    #[error(transparent)]
+    Network(#[from] NetError),
     /// No connection to the sandbox's agent.
     #[error("sandbox {id}: {source}")]
     Dial { id: String, source: NetnsError },
@@ -116,6 +120,7 @@ impl NativeError {
             NativeError::Workdir(e) | NativeError::UserDataDir(e) | NativeError::SkillsDir(e) => {
                 e.is_user_error()
             }
+            NativeError::Network(e) => e.is_user_error(),
             _ => false,
         }
     }

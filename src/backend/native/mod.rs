@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::{info, warn};
 
-use super::{Backend, BackendError, Upstream};
+use super::{Backend, BackendError, NetworkMetrics, Upstream};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
@@ -29,6 +29,7 @@ mod create;
 mod error;
 pub mod host;
 pub mod launch;
+pub mod net;
 pub mod netns;
 pub mod output;
 pub use sandbox_abi::paths;
@@ -49,6 +50,8 @@ struct Live {
     handle: Arc<ProcHandle>,
     netns: Arc<OwnedFd>,
     cgroup: Option<Arc<SandboxCgroup>>,
+    /// Its veth and address (egress only).
+    net: Option<net::NetState>,
 }
 
 /// The native backend. Cheap to clone, and every clone is the same
@@ -65,6 +68,8 @@ pub struct NativeBackend {
     live: Arc<Mutex<HashMap<String, Live>>>,
     /// PID 1's output per sandbox ([`output`]).
     outputs: Arc<output::Outputs>,
+    /// Veths, addresses and the nftables table ([`net`]).
+    net: Arc<net::Network>,
 }
 
 impl NativeBackend {
@@ -96,6 +101,7 @@ impl NativeBackend {
         // can reap them (the host's PID 1 may not).
         nix::sys::prctl::set_child_subreaper(true).map_err(NativeError::Subreaper)?;
         host::tune(Path::new(host::INOTIFY_INSTANCES));
+        let network = net::Network::new(&cfg.network)?;
         let backend = NativeBackend {
             state,
             bundler: Arc::new(bundler),
@@ -104,8 +110,11 @@ impl NativeBackend {
             dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
             live: Arc::new(Mutex::new(HashMap::new())),
             outputs: Arc::new(output::Outputs::default()),
+            net: Arc::new(network),
         };
         backend.reconcile();
+        // The table from the adopted sandboxes; stale veths deleted.
+        backend.net.finish_startup()?;
         // Cgroups under our parent that no known sandbox owns: kill and
         // remove them (remains of a crash, or of sandboxes removed by hand).
         let known: std::collections::HashSet<String> = backend.live().keys().cloned().collect();
@@ -171,6 +180,9 @@ impl NativeBackend {
             Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
         }
         failpoint::hit(Point::DeleteAfterCgroup);
+        // Its set element and veth (a crash before this point leaves them
+        // to the next start-up's rebuild and sweep).
+        self.net.detach(id);
         if let Err(e) = self.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
@@ -284,6 +296,42 @@ impl Backend for NativeBackend {
 
     fn logs(&self, sandbox_id: &str) -> Option<String> {
         self.outputs.get(sandbox_id).map(|o| o.render())
+    }
+
+    fn network(&self, sandbox_id: &str) -> Option<serde_json::Value> {
+        let live = self.live();
+        let l = live.get(sandbox_id)?;
+        Some(match &l.net {
+            Some(n) => serde_json::json!({
+                "mode": "egress",
+                "address": n.address.to_string(),
+                "gateway": n.gateway.to_string(),
+                "link": n.link,
+            }),
+            None => serde_json::json!({ "mode": "none" }),
+        })
+    }
+
+    fn network_metrics(&self) -> Option<NetworkMetrics> {
+        if self.net.mode() == crate::config::NetworkMode::None {
+            return None;
+        }
+        let links: Vec<(String, String)> = self
+            .live()
+            .iter()
+            .filter_map(|(id, l)| Some((id.clone(), l.net.as_ref()?.link.clone())))
+            .collect();
+        let bytes = links
+            .into_iter()
+            .filter_map(|(id, link)| {
+                let (sent, received) = self.net.bytes(&link)?;
+                Some((id, sent, received))
+            })
+            .collect();
+        Some(NetworkMetrics {
+            dropped: self.net.drop_counters(),
+            bytes,
+        })
     }
 
     async fn create(

@@ -54,6 +54,15 @@ impl NativeBackend {
                                 warn!(sandbox_id = %id, error = %e, "cannot reopen the sandbox's output FIFO")
                             }
                         }
+                        // Its network is kept: the slot stays taken (the
+                        // veth and element are checked by finish_startup).
+                        let net = st.network.clone().filter(|n| {
+                            let ok = self.net.adopt(&id, n);
+                            if !ok {
+                                warn!(sandbox_id = %id, link = %n.link, "the adopted sandbox's network does not fit this daemon's [network]; its veth goes");
+                            }
+                            ok
+                        });
                         // Watched like our own: it is no longer our child,
                         // but its pidfd still reports the exit.
                         self.track(Live {
@@ -61,6 +70,7 @@ impl NativeBackend {
                             handle: Arc::new(h),
                             netns: Arc::new(ns),
                             cgroup: self.cgroups.open(&id).ok().flatten().map(Arc::new),
+                            net,
                         });
                         adopted += 1;
                     }

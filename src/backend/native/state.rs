@@ -47,6 +47,9 @@ pub struct SandboxState {
     pub cgroup: Option<String>,
     pub resources: Resources,
     pub created_at: u64,
+    /// The sandbox's veth and address (egress only), once set up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<super::net::NetState>,
 }
 
 /// The layout of the state directory.
@@ -182,6 +185,7 @@ mod tests {
                 pids: 1,
             },
             created_at: 0,
+            network: None,
         };
         sd.save(&st).unwrap();
         assert_eq!(sd.load("a").unwrap().unwrap(), st);

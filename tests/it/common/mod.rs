@@ -1,6 +1,7 @@
 //! Shared test harness: starts the real `sandboxd` binary on an ephemeral
 //! port and talks HTTP to it; a tiny in-process upstream server.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -64,10 +65,20 @@ impl Daemon {
     }
 
     pub fn start_in(state_dir: tempfile::TempDir, env: &[(&str, &str)], args: &[&str]) -> Daemon {
+        Daemon::start_at(state_dir, env, args, "127.0.0.1:0")
+    }
+
+    /// Like [`start_in`](Self::start_in), listening on `listen`.
+    pub fn start_at(
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        args: &[&str],
+        listen: &str,
+    ) -> Daemon {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
         cmd.arg("serve")
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(listen)
             .arg("--state-dir")
             .arg(state_dir.path())
             .args(args)
@@ -262,6 +273,12 @@ pub struct NativeDirs {
     /// A cgroup parent of this test's own, so concurrent test daemons
     /// never take each other's cgroups for orphans.
     pub cgroup_parent: String,
+    /// This test's own nftables table, veth prefix and address pool (a
+    /// /25 of 10.243.0.0/16), so concurrent test daemons never sweep each
+    /// other's veths or rebuild each other's table.
+    pub net_table: String,
+    pub net_prefix: String,
+    pub net_subnet: String,
 }
 
 impl Drop for NativeDirs {
@@ -270,6 +287,12 @@ impl Drop for NativeDirs {
     /// never reaches its deletes), then the parent itself. Declare the
     /// `NativeDirs` before the `Daemon` so the daemon is gone first.
     fn drop(&mut self) {
+        // The test's nftables table (the daemon leaves its table behind on
+        // exit by design; sandboxes may outlive it).
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &self.net_table])
+            .stderr(Stdio::null())
+            .status();
         if let Ok(root) = sandboxd::cgroups::CgroupRoot::detect(&self.cgroup_parent) {
             if let Err(e) = root.remove_orphans(&Default::default()) {
                 eprintln!("cleanup of cgroup parent {}: {e}", self.cgroup_parent);
@@ -301,10 +324,62 @@ impl NativeDirs {
                 .to_string_lossy()
                 .trim_start_matches("sandboxd-test-")
         );
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 512;
         NativeDirs {
             root,
             cgroup_parent,
+            net_table: format!("sandboxd_t{n}"),
+            net_prefix: format!("st{n}-"),
+            net_subnet: format!("10.243.{}.{}/25", n / 2, (n % 2) * 128),
         }
+    }
+
+    /// What this test's daemons left of sandbox networking on the host:
+    /// veths with its prefix, addresses in its pool, elements of its
+    /// table's `sandboxes` set.
+    pub fn net_leftovers(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for e in std::fs::read_dir("/sys/class/net").unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with(&self.net_prefix) {
+                out.insert(format!("link {name}"));
+            }
+        }
+        let pool = self.net_subnet.rsplit_once('.').unwrap().0.to_string() + ".";
+        let addrs = Command::new("ip")
+            .args(["-o", "-4", "addr"])
+            .output()
+            .unwrap();
+        for l in String::from_utf8_lossy(&addrs.stdout).lines() {
+            let Some(a) = l.split_whitespace().nth(3) else {
+                continue;
+            };
+            if let Some(host) = a.split('/').next().and_then(|a| a.strip_prefix(&pool)) {
+                let last: u32 = host.parse().unwrap_or(0);
+                let lo = if self.net_subnet.ends_with(".128/25") {
+                    128
+                } else {
+                    0
+                };
+                if (lo..lo + 128).contains(&last) {
+                    out.insert(format!("address {a}"));
+                }
+            }
+        }
+        let set = Command::new("nft")
+            .args(["-j", "list", "set", "inet", &self.net_table, "sandboxes"])
+            .output()
+            .unwrap();
+        if set.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&set.stdout).unwrap();
+            for o in v["nftables"].as_array().into_iter().flatten() {
+                for e in o["set"]["elem"].as_array().into_iter().flatten() {
+                    out.insert(format!("element {e}"));
+                }
+            }
+        }
+        out
     }
     pub fn user_data(&self) -> std::path::PathBuf {
         self.root.path().join("user-data")
@@ -339,6 +414,16 @@ impl Daemon {
         state_dir: tempfile::TempDir,
         env: &[(&str, &str)],
     ) -> Daemon {
+        Daemon::start_native_at(dirs, state_dir, env, "127.0.0.1:0")
+    }
+
+    /// Like [`start_native_in`](Self::start_native_in), listening on `listen`.
+    pub fn start_native_at(
+        dirs: &NativeDirs,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        listen: &str,
+    ) -> Daemon {
         let ud = dirs.user_data().to_string_lossy().to_string();
         let sk = dirs.skills().to_string_lossy().to_string();
         let mut all = vec![
@@ -348,9 +433,12 @@ impl Daemon {
             ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "30"),
             ("SANDBOXD_CGROUP_PARENT", dirs.cgroup_parent.as_str()),
             ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true"),
+            ("SANDBOXD_NETWORK_TABLE", dirs.net_table.as_str()),
+            ("SANDBOXD_NETWORK_LINK_PREFIX", dirs.net_prefix.as_str()),
+            ("SANDBOXD_NETWORK_SUBNET", dirs.net_subnet.as_str()),
         ];
         all.extend_from_slice(env);
-        let mut d = Daemon::start_in(state_dir, &all, &[]);
+        let mut d = Daemon::start_at(state_dir, &all, &[], listen);
         d.graceful_drop = true;
         d
     }

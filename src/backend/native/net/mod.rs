@@ -1,0 +1,334 @@
+//! Sandbox networking (`[network]`, see `docs/network.md`). In `egress`
+//! mode every sandbox gets a point-to-point veth pair (a /31 of the
+//! subnet: the even address on the host end `<link_prefix><slot>`, the odd
+//! one on the sandbox's `eth0`, default route via the host end), NAT and
+//! the egress policy of the daemon's nftables table. In `none` mode (or for
+//! a sandbox created with `"network": "none"`) a sandbox has only `lo`.
+//!
+//! Crash safety: nothing here needs `state.json` to be cleaned up. At
+//! start-up the table is rebuilt from the adopted sandboxes (stale set
+//! elements vanish) and every host link with our prefix that no adopted
+//! sandbox holds is deleted (its peer and addresses go with it).
+
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::config::{NetworkConfig, NetworkMode};
+
+pub mod addr;
+pub mod dns;
+pub mod link;
+pub mod nft;
+
+use addr::{Cidr, Hole, Pool, Slot};
+use link::{LinkError, Netlink, VethPlan};
+use nft::{Nft, NftError, Policy};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("[network] {0}")]
+    Config(String),
+    #[error("[network] subnet {subnet} overlaps the host's route to {route}{}: choose another subnet", dev.as_ref().map(|d| format!(" (dev {d})")).unwrap_or_default())]
+    Overlap {
+        subnet: Cidr,
+        route: Cidr,
+        dev: Option<String>,
+    },
+    #[error("cannot enable IPv4 forwarding: {0}")]
+    Forwarding(std::io::Error),
+    #[error(transparent)]
+    Nft(#[from] NftError),
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("the address pool {0} is exhausted")]
+    Exhausted(Cidr),
+    #[error("network \"egress\" asked for, but this daemon's [network] mode is \"none\"")]
+    EgressDisabled,
+}
+
+impl NetError {
+    /// The request's fault (HTTP 400).
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, NetError::EgressDisabled)
+    }
+}
+
+/// A sandbox's network as recorded in `state.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetState {
+    pub slot: Slot,
+    /// The sandbox's address (`eth0`).
+    pub address: Ipv4Addr,
+    /// The host end's address (its default gateway).
+    pub gateway: Ipv4Addr,
+    /// The host end's name.
+    pub link: String,
+}
+
+struct Egress {
+    policy: Policy,
+    nft: Nft,
+    netlink: Netlink,
+    pool: Mutex<Pool>,
+}
+
+/// The daemon's networking.
+pub struct Network {
+    mode: NetworkMode,
+    egress: Option<Egress>,
+}
+
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+impl Network {
+    /// Loopback only for every sandbox.
+    pub fn none() -> Network {
+        Network {
+            mode: NetworkMode::None,
+            egress: None,
+        }
+    }
+
+    /// Checks the configuration and the host (the subnet must not overlap
+    /// a route the host has), enables IPv4 forwarding and picks the
+    /// resolvers. The table is built by [`finish_startup`](Self::finish_startup).
+    pub fn new(cfg: &NetworkConfig) -> Result<Network, NetError> {
+        if cfg.mode == NetworkMode::None {
+            info!("network mode none: sandboxes have loopback only");
+            return Ok(Network::none());
+        }
+        let subnet: Cidr = cfg.subnet.parse().map_err(NetError::Config)?;
+        if subnet.len > 30 {
+            return Err(NetError::Config(format!(
+                "subnet {subnet} is too small (a /31 per sandbox)"
+            )));
+        }
+        let allow = cfg
+            .allow
+            .iter()
+            .map(|a| {
+                a.parse::<Hole>()
+                    .map_err(|e| NetError::Config(format!("allow: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let deny = cfg
+            .deny
+            .iter()
+            .map(|a| {
+                a.parse::<Cidr>()
+                    .map_err(|e| NetError::Config(format!("deny: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ok_name = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        };
+        if !ok_name(&cfg.table) || !ok_name(&cfg.link_prefix) || cfg.link_prefix.len() > 8 {
+            return Err(NetError::Config(
+                "table and link_prefix: letters, digits, - and _ only (link_prefix at most 8)"
+                    .into(),
+            ));
+        }
+        if cfg.max_connections == 0 {
+            return Err(NetError::Config(
+                "max_connections must be at least 1".into(),
+            ));
+        }
+        let netlink = Netlink::start()?;
+        for r in netlink.routes()? {
+            if r.dst.len == 0
+                || r.oif
+                    .as_deref()
+                    .is_some_and(|d| d.starts_with(&cfg.link_prefix))
+            {
+                continue;
+            }
+            if r.dst.overlaps(&subnet) {
+                return Err(NetError::Overlap {
+                    subnet,
+                    route: r.dst,
+                    dev: r.oif,
+                });
+            }
+        }
+        let (resolvers, _) = dns::host_resolvers(&cfg.resolv_conf);
+        if resolvers.is_empty() {
+            warn!(
+                resolv_conf = %cfg.resolv_conf.display(),
+                "no usable DNS resolver on this host (none, or only loopback ones without an upstream list): sandboxes get none"
+            );
+        }
+        std::fs::write(IP_FORWARD, "1\n").map_err(NetError::Forwarding)?;
+        info!(%subnet, table = %cfg.table, ?resolvers, "network mode egress (net.ipv4.ip_forward enabled)");
+        let policy = Policy {
+            table: cfg.table.clone(),
+            link_prefix: cfg.link_prefix.clone(),
+            subnet,
+            allow,
+            deny,
+            max_connections: cfg.max_connections,
+            resolvers,
+        };
+        Ok(Network {
+            mode: NetworkMode::Egress,
+            egress: Some(Egress {
+                policy,
+                nft: Nft::default(),
+                netlink,
+                pool: Mutex::new(Pool::new(subnet)),
+            }),
+        })
+    }
+
+    pub fn mode(&self) -> NetworkMode {
+        self.mode
+    }
+
+    /// The mode of a sandbox that asked for `requested`.
+    pub fn effective(&self, requested: Option<NetworkMode>) -> Result<NetworkMode, NetError> {
+        match (requested, self.mode) {
+            (Some(NetworkMode::Egress), NetworkMode::None) => Err(NetError::EgressDisabled),
+            (Some(m), _) => Ok(m),
+            (None, m) => Ok(m),
+        }
+    }
+
+    fn pool(e: &Egress) -> std::sync::MutexGuard<'_, Pool> {
+        e.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives sandbox `id` (whose network namespace is `netns`) its veth,
+    /// address, route and set element.
+    pub fn attach(&self, id: &str, netns: &OwnedFd) -> Result<Option<NetState>, NetError> {
+        let Some(e) = &self.egress else {
+            return Ok(None);
+        };
+        let (slot, address, gateway) = {
+            let mut pool = Self::pool(e);
+            let slot = pool.take(id).ok_or(NetError::Exhausted(e.policy.subnet))?;
+            (slot, pool.sandbox_addr(slot), pool.host_addr(slot))
+        };
+        let link = format!("{}{}", e.policy.link_prefix, slot.0);
+        let peer_tmp = format!("{}p{}", e.policy.link_prefix, slot.0);
+        // A leftover of the same name (a crash before the sweep) goes first.
+        e.netlink.delete(&link)?;
+        e.netlink.delete(&peer_tmp)?;
+        e.netlink.create_veth(&VethPlan {
+            host_if: &link,
+            peer_tmp: &peer_tmp,
+            host_addr: gateway,
+            sandbox_addr: address,
+            netns,
+        })?;
+        e.nft.run(&format!(
+            "add element inet {} sandboxes {{ {} }}\n",
+            e.policy.table,
+            nft::element(&link, address)
+        ))?;
+        Ok(Some(NetState {
+            slot,
+            address,
+            gateway,
+            link,
+        }))
+    }
+
+    /// A restarted daemon keeps the network of an adopted sandbox. False
+    /// when the recorded slot does not fit this daemon's pool.
+    pub fn adopt(&self, id: &str, st: &NetState) -> bool {
+        let Some(e) = &self.egress else {
+            return false;
+        };
+        let mut pool = Self::pool(e);
+        pool.claim(id, st.slot)
+            && pool.sandbox_addr(st.slot) == st.address
+            && st.link == format!("{}{}", e.policy.link_prefix, st.slot.0)
+    }
+
+    /// Removes sandbox `id`'s set element and veth and frees its slot.
+    /// Nothing to do when it has none.
+    pub fn detach(&self, id: &str) {
+        let Some(e) = &self.egress else { return };
+        let Some(slot) = Self::pool(e).release(id) else {
+            return;
+        };
+        let (link, address) = {
+            let pool = Self::pool(e);
+            (
+                format!("{}{}", e.policy.link_prefix, slot.0),
+                pool.sandbox_addr(slot),
+            )
+        };
+        if let Err(err) = e.nft.run(&format!(
+            "delete element inet {} sandboxes {{ {} }}\n",
+            e.policy.table,
+            nft::element(&link, address)
+        )) {
+            warn!(sandbox_id = %id, error = %err, "cannot remove the sandbox's set element");
+        }
+        if let Err(err) = e.netlink.delete(&link) {
+            warn!(sandbox_id = %id, %link, error = %err, "cannot delete the sandbox's veth");
+        }
+    }
+
+    /// After reconciliation: (re)builds the table with the adopted
+    /// sandboxes' elements, one transaction, and deletes every host link
+    /// with our prefix no adopted sandbox holds.
+    pub fn finish_startup(&self) -> Result<(), NetError> {
+        let Some(e) = &self.egress else { return Ok(()) };
+        let (elements, held): (Vec<String>, std::collections::HashSet<String>) = {
+            let pool = Self::pool(e);
+            let held: Vec<(String, Ipv4Addr)> = pool
+                .held()
+                .map(|(_, s)| {
+                    (
+                        format!("{}{}", e.policy.link_prefix, s.0),
+                        pool.sandbox_addr(*s),
+                    )
+                })
+                .collect();
+            (
+                held.iter().map(|(l, a)| nft::element(l, *a)).collect(),
+                held.into_iter().map(|(l, _)| l).collect(),
+            )
+        };
+        e.nft.run(&e.policy.render(&elements))?;
+        let mut removed = Vec::new();
+        for l in e.netlink.links_with_prefix(&e.policy.link_prefix)? {
+            if !held.contains(&l) {
+                e.netlink.delete(&l)?;
+                removed.push(l);
+            }
+        }
+        if !removed.is_empty() {
+            info!(?removed, "removed stale sandbox veths");
+        }
+        Ok(())
+    }
+
+    /// The drop counters by reason (metrics).
+    pub fn drop_counters(&self) -> Vec<(String, u64)> {
+        let Some(e) = &self.egress else {
+            return Vec::new();
+        };
+        e.nft.drop_counters(&e.policy.table).unwrap_or_default()
+    }
+
+    /// Bytes (sent by, received by) sandbox `id`, from its host end's
+    /// counters (what the host end receives, the sandbox sent).
+    pub fn bytes(&self, link: &str) -> Option<(u64, u64)> {
+        let read = |f: &str| -> Option<u64> {
+            std::fs::read_to_string(format!("/sys/class/net/{link}/statistics/{f}"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        Some((read("rx_bytes")?, read("tx_bytes")?))
+    }
+}
