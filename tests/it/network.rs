@@ -433,3 +433,58 @@ async fn a_restart_after_kill_keeps_the_network_of_a_live_sandbox() {
         dirs.net_leftovers()
     );
 }
+
+/// `[network] max_connections` caps one sandbox's concurrent connections
+/// (`ct count`): with a cap of 3, the fourth to sixth connections held at
+/// once are dropped. And the operator's proxy variables (from the sandbox
+/// env file) reach the sandbox's commands.
+#[tokio::test]
+async fn the_connection_cap_holds_and_proxy_variables_reach_the_sandbox() {
+    if !privileged("the_connection_cap_holds_and_proxy_variables_reach_the_sandbox") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dirs = NativeDirs::new();
+    let net = TestInternet::new(&[(PUBLIC, 80)]);
+    let env_file = dirs.root.path().join("sandbox.env");
+    std::fs::write(
+        &env_file,
+        format!("HTTP_PROXY=http://{PUBLIC}:3128\nHTTPS_PROXY=http://{PUBLIC}:3128\nNO_PROXY=localhost,127.0.0.1\n"),
+    )
+    .unwrap();
+    let env_file_s = env_file.to_string_lossy().to_string();
+    let d = Daemon::start_native(
+        &dirs,
+        &[
+            ("SANDBOXD_NETWORK_MAX_CONNECTIONS", "3"),
+            ("SANDBOXD_SANDBOX_ENV_FILE", env_file_s.as_str()),
+        ],
+    );
+    let (s, v) = d
+        .create(json!({"sandbox_id":"cap","thread_id":"t","uid":"u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (out, _) = d
+        .exec("cap", "echo \"$HTTP_PROXY $HTTPS_PROXY $NO_PROXY\"")
+        .await;
+    assert_eq!(
+        out,
+        format!("http://{PUBLIC}:3128 http://{PUBLIC}:3128 localhost,127.0.0.1\n")
+    );
+    let script = format!(
+        "import socket\n\
+         held, ok = [], 0\n\
+         for _ in range(6):\n\
+         \x20   s = socket.socket()\n\
+         \x20   s.settimeout(2)\n\
+         \x20   try:\n\
+         \x20       s.connect(('{PUBLIC}', 80)); ok += 1; held.append(s)\n\
+         \x20   except OSError:\n\
+         \x20       pass\n\
+         print(ok)\n"
+    );
+    std::fs::write(dirs.workspace("u1").join("cap.py"), script).unwrap();
+    let (out, code) = d.exec("cap", "python3 /home/gem/user-data/cap.py").await;
+    assert_eq!((out.trim(), code), ("3", 0), "{out}");
+    drop(net);
+}
