@@ -125,8 +125,48 @@ pub fn check(cfg: &Config) -> Vec<Finding> {
     ] {
         out.push(directory(name, path));
     }
+    out.push(network(cfg));
     out.push(runc());
     out
+}
+
+/// With egress networking: the `nft` binary the daemon loads its table
+/// with, and IPv4 forwarding (the daemon turns it on at start).
+fn network(cfg: &Config) -> Finding {
+    if cfg.network.mode != crate::config::NetworkMode::Egress {
+        return Finding::ok(
+            "network",
+            Need::Required,
+            "mode none: loopback only, nothing needed",
+        );
+    }
+    let nft = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("nft").is_file()))
+        .unwrap_or(false);
+    if !nft {
+        return Finding::bad(
+            "network",
+            Need::Required,
+            "egress mode needs the nft binary, which is not installed",
+            "apt-get install nftables, or set [network] mode = \"none\" (SANDBOXD_NETWORK=none)",
+        );
+    }
+    let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+        .map(|t| t.trim() == "1")
+        .unwrap_or(false);
+    Finding::ok(
+        "network",
+        Need::Required,
+        format!(
+            "egress: nft found, subnet {}, net.ipv4.ip_forward {}",
+            cfg.network.subnet,
+            if forward {
+                "on"
+            } else {
+                "off (the daemon turns it on at start)"
+            }
+        ),
+    )
 }
 
 fn root() -> Finding {
