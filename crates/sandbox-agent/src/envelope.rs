@@ -90,6 +90,7 @@ impl From<FileError> for ApiError {
     fn from(err: FileError) -> Self {
         match &err {
             FileError::Io { source, .. } => Self::io(source, err.to_string()),
+            FileError::NotFound { .. } => Self::not_found(err.to_string()),
             FileError::NotUtf8 { .. }
             | FileError::IsDirectory { .. }
             | FileError::Base64(_)
@@ -107,6 +108,7 @@ impl From<ListingError> for ApiError {
     fn from(err: ListingError) -> Self {
         match &err {
             ListingError::Io { source, .. } => Self::io(source, err.to_string()),
+            ListingError::NotFound { .. } => Self::not_found(err.to_string()),
             ListingError::NotADirectory { .. } | ListingError::Pattern(_) => {
                 Self::bad_request(err.to_string())
             }
@@ -118,6 +120,7 @@ impl From<TransferError> for ApiError {
     fn from(err: TransferError) -> Self {
         match &err {
             TransferError::Io { source, .. } => Self::io(source, err.to_string()),
+            TransferError::NotFound { .. } => Self::not_found(err.to_string()),
             TransferError::IsDirectory { .. }
             | TransferError::MissingPath
             | TransferError::MissingFile

@@ -34,6 +34,9 @@ pub enum FileError {
     },
     #[error("is a directory, a file is expected: {path}")]
     IsDirectory { path: PathBuf },
+    /// The path names nothing (the platform's tests look for this wording).
+    #[error("{path} does not exist")]
+    NotFound { path: PathBuf },
     #[error("invalid base64 content: {0}")]
     Base64(#[from] base64::DecodeError),
     #[error("no replacement was performed, old_str `{old}` did not appear verbatim in {path}")]
@@ -66,6 +69,11 @@ impl FileError {
         // Reading or writing a directory fails with EISDIR: a 400, not a 500.
         if source.raw_os_error() == Some(libc::EISDIR) {
             return Self::IsDirectory {
+                path: path.to_path_buf(),
+            };
+        }
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return Self::NotFound {
                 path: path.to_path_buf(),
             };
         }

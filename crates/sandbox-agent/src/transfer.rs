@@ -34,6 +34,9 @@ pub enum TransferError {
     },
     #[error("is a directory, a file is expected: {path}")]
     IsDirectory { path: PathBuf },
+    /// The path names nothing (the platform's tests look for this wording).
+    #[error("{path} does not exist")]
+    NotFound { path: PathBuf },
     #[error("missing destination: give a `path` field (or `?path=`) or a file name")]
     MissingPath,
     #[error("missing multipart file part named `file`")]
@@ -46,10 +49,17 @@ fn io_err<'a>(
     op: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(std::io::Error) -> TransferError + 'a {
-    move |source| TransferError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+    move |source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return TransferError::NotFound {
+                path: path.to_path_buf(),
+            };
+        }
+        TransferError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 

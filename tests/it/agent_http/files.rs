@@ -307,3 +307,44 @@ fn upload_and_download_are_streamed_and_byte_exact() {
         400
     );
 }
+
+#[test]
+fn missing_paths_say_they_do_not_exist() {
+    let agent = Agent::start(&[]);
+    let missing = agent.path("no/such.txt");
+    let m = missing.display().to_string();
+    let cases = [
+        ("/v1/file/read", json!({"file": m})),
+        ("/v1/file/list", json!({"path": m})),
+        ("/v1/file/find", json!({"path": m, "glob": "*"})),
+        (
+            "/v1/file/str_replace_editor",
+            json!({"command": "view", "path": m}),
+        ),
+        (
+            "/v1/file/str_replace_editor",
+            json!({"command": "str_replace", "path": m, "old_str": "a", "new_str": "b"}),
+        ),
+        (
+            "/v1/file/str_replace_editor",
+            json!({"command": "insert", "path": m, "insert_line": 0, "new_str": "b"}),
+        ),
+    ];
+    for (route, body) in cases {
+        let r = agent.post_json(route, body.clone());
+        let v = r.json();
+        assert_eq!(r.status, 404, "{route} {body}: {v}");
+        let message = v["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{m} does not exist")),
+            "{route} {body}: {message:?}"
+        );
+    }
+    let r = agent.request("GET", &format!("/v1/file/download?path={m}"), &[], b"");
+    let message = r.json()["message"].as_str().unwrap().to_string();
+    assert_eq!(r.status, 404, "{message}");
+    assert!(
+        message.contains(&format!("{m} does not exist")),
+        "{message:?}"
+    );
+}
