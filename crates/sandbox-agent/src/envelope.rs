@@ -93,6 +93,7 @@ impl From<FileError> for ApiError {
             FileError::NotFound { .. } => Self::not_found(err.to_string()),
             FileError::NotUtf8 { .. }
             | FileError::IsDirectory { .. }
+            | FileError::NotRegular { .. }
             | FileError::Base64(_)
             | FileError::OldStrNotFound { .. }
             | FileError::OldStrNotUnique { .. }
@@ -122,6 +123,7 @@ impl From<TransferError> for ApiError {
             TransferError::Io { source, .. } => Self::io(source, err.to_string()),
             TransferError::NotFound { .. } => Self::not_found(err.to_string()),
             TransferError::IsDirectory { .. }
+            | TransferError::NotRegular { .. }
             | TransferError::MissingPath
             | TransferError::MissingFile
             | TransferError::Multipart(_) => Self::bad_request(err.to_string()),
