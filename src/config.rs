@@ -533,6 +533,17 @@ impl Config {
         Ok(addr)
     }
 
+    /// The longest a command may run in a sandbox, passed to its agent
+    /// (`--exec-cap-seconds`): the exec timeout minus a margin of 10 % (at
+    /// most 10 s; 180 gives 170), so the agent kills a command and answers
+    /// before a client waiting the exec timeout gives up. Millisecond
+    /// precision.
+    pub fn agent_exec_cap_seconds(&self) -> f64 {
+        let t = self.exec_timeout_seconds as f64;
+        let cap = t - (t * 0.1).min(10.0);
+        (cap * 1000.0).round() / 1000.0
+    }
+
     /// The idle timeout after the contract's rule: `<= 0` disables the
     /// reaper; a timeout `<=` the exec timeout is raised to exec + 30.
     /// The second element is true when it was raised (the caller warns).
@@ -563,6 +574,12 @@ impl Config {
         if self.health_timeout_seconds == 0 {
             return Err(ConfigError::Invalid(
                 "health_timeout_seconds must be at least 1".into(),
+            ));
+        }
+        if self.exec_timeout_seconds == 0 || self.exec_timeout_seconds > 86_400 {
+            return Err(ConfigError::Invalid(
+                "exec_timeout_seconds must be in 1..=86400 (it bounds every command in a sandbox)"
+                    .into(),
             ));
         }
         if self.idle_check_interval_seconds == 0 {
@@ -796,6 +813,20 @@ mod tests {
         assert_eq!(c.effective_idle_timeout(), (None, false));
         c.idle_timeout_seconds = -5;
         assert_eq!(c.effective_idle_timeout(), (None, false));
+    }
+
+    #[test]
+    fn the_agent_exec_cap_follows_the_exec_timeout() {
+        let mut c = Config::default();
+        assert_eq!(c.agent_exec_cap_seconds(), 170.0);
+        for (timeout, cap) in [(6, 5.4), (1, 0.9), (60, 54.0), (260, 250.0), (3600, 3590.0)] {
+            c.exec_timeout_seconds = timeout;
+            assert_eq!(c.agent_exec_cap_seconds(), cap, "{timeout}");
+        }
+        c.exec_timeout_seconds = 0;
+        assert!(c.validate().is_err());
+        c.exec_timeout_seconds = 86_401;
+        assert!(c.validate().is_err());
     }
 
     #[test]

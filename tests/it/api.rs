@@ -467,7 +467,7 @@ async fn different_ids_do_not_wait_for_each_other() {
 async fn reaper_deletes_idle_and_spares_touched() {
     let d = Daemon::start_memory(&[
         ("SANDBOX_IDLE_TIMEOUT_SECONDS", "2"),
-        ("SANDBOX_EXEC_TIMEOUT_SECONDS", "0"),
+        ("SANDBOX_EXEC_TIMEOUT_SECONDS", "1"),
         ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", "1"),
     ]);
     let (_, h) = d.json("GET", "/health", None).await;

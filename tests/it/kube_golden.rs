@@ -123,6 +123,12 @@ fn every_pod_is_hardened() {
             Some("sandboxd/default.json")
         );
         let c = &spec.containers[0];
+        // The agent's exec cap follows SANDBOX_EXEC_TIMEOUT_SECONDS (180 - 10).
+        assert_eq!(
+            c.args.as_deref(),
+            Some(&["--exec-cap-seconds".to_string(), "170".to_string()][..]),
+            "{file}"
+        );
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.allow_privilege_escalation, Some(false), "{file}");
         assert_eq!(sc.read_only_root_filesystem, Some(true), "{file}");

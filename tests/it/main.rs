@@ -32,6 +32,7 @@ mod native_client;
 mod native_devices;
 mod native_durability;
 mod native_isolation;
+mod native_parity;
 mod native_runc;
 mod native_seccomp;
 mod operator;

@@ -50,6 +50,8 @@ pub struct SpecConfig {
     pub connect_mode: ConnectMode,
     pub home_size_mb: u64,
     pub tmp_size_mb: u64,
+    /// The agent's `--exec-cap-seconds` (the exec timeout minus a margin).
+    pub exec_cap_seconds: f64,
 }
 
 impl SpecConfig {
@@ -70,6 +72,7 @@ impl SpecConfig {
             connect_mode: k.connect_mode,
             home_size_mb: cfg.limits.home_size_mb,
             tmp_size_mb: cfg.limits.tmp_size_mb,
+            exec_cap_seconds: cfg.agent_exec_cap_seconds(),
         }
     }
 }
@@ -192,6 +195,11 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
         name: CONTAINER.into(),
         image: Some(c.image.clone()),
         image_pull_policy: Some("IfNotPresent".into()),
+        // The image's entrypoint is the agent: only its cap is passed.
+        args: Some(vec![
+            "--exec-cap-seconds".into(),
+            c.exec_cap_seconds.to_string(),
+        ]),
         working_dir: Some(working_dir),
         env: Some(env),
         ports: Some(vec![ContainerPort {
@@ -352,9 +360,12 @@ mod tests {
                 .to_string();
             assert!(e.contains(message), "{e}");
         }
-        let cfg = Config::default();
+        let mut cfg = Config::default();
         let s = SpecConfig::from_config(&cfg);
         assert_eq!(s.connect_mode, ConnectMode::NodePort);
+        assert_eq!(s.exec_cap_seconds, 170.0);
+        cfg.exec_timeout_seconds = 600;
+        assert_eq!(SpecConfig::from_config(&cfg).exec_cap_seconds, 590.0);
         assert_eq!(
             s.seccomp,
             Seccomp::Localhost("sandboxd/default.json".into())

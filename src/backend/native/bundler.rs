@@ -137,6 +137,7 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
         rootfs_binds: HostLayout::resolve_binds(&cfg.native),
         container_port: cfg.container_port,
         limits: cfg.limits.clone(),
+        exec_cap_seconds: cfg.agent_exec_cap_seconds(),
     })
 }
 
