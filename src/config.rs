@@ -247,6 +247,55 @@ impl Default for NativeConfig {
     }
 }
 
+/// The response headers a sandbox may set on what the platform receives
+/// (the replaced provisioner's allow-list); `content-length` is always
+/// kept (framing) and hop-by-hop headers are always dropped.
+pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-disposition",
+    "cache-control",
+    "etag",
+    "last-modified",
+];
+
+/// Settings of the streaming proxy (`[proxy]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Response headers copied back from a sandbox (case-insensitive);
+    /// every other one is dropped.
+    pub response_headers: Vec<String>,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            response_headers: DEFAULT_PROXY_RESPONSE_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The allowed response headers as header names (lower-cased).
+    pub fn response_header_names(&self) -> Result<Vec<http::HeaderName>, ConfigError> {
+        self.response_headers
+            .iter()
+            .map(|h| {
+                http::HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes()).map_err(
+                    |_| {
+                        ConfigError::Invalid(format!(
+                            "proxy.response_headers: {h:?} is not a header name"
+                        ))
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
 /// Settings of the Kubernetes backend.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -323,6 +372,7 @@ pub struct Config {
     pub backend_alias: Option<String>,
     pub native: NativeConfig,
     pub kubernetes: KubeConfig,
+    pub proxy: ProxyConfig,
 }
 
 impl Default for Config {
@@ -355,6 +405,7 @@ impl Default for Config {
             backend_alias: None,
             native: NativeConfig::default(),
             kubernetes: KubeConfig::default(),
+            proxy: ProxyConfig::default(),
         }
     }
 }
@@ -426,7 +477,17 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_LOG_FORMAT", Setter::Any(set_log_format)),
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
+    ("SANDBOXD_PROXY_RESPONSE_HEADERS", Setter::Text(|c, v| c.proxy.response_headers = split_list(&v))),
 ];
+
+/// A comma-separated list, blank items dropped.
+fn split_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
 
 /// `PROVISIONER_BACKEND`: `docker` and `local` are remembered as aliases
 /// (logged once logging is set up).
@@ -587,6 +648,7 @@ impl Config {
                 "idle_check_interval_seconds must be at least 1".into(),
             ));
         }
+        self.proxy.response_header_names()?;
         let l = &self.limits;
         if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
             return Err(ConfigError::Invalid(
@@ -813,6 +875,41 @@ mod tests {
         assert_eq!(c.effective_idle_timeout(), (None, false));
         c.idle_timeout_seconds = -5;
         assert_eq!(c.effective_idle_timeout(), (None, false));
+    }
+
+    #[test]
+    fn proxy_response_headers_default_file_and_env() {
+        let c = Config::default();
+        let names: Vec<String> = c
+            .proxy
+            .response_header_names()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_string())
+            .collect();
+        assert_eq!(names, DEFAULT_PROXY_RESPONSE_HEADERS);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[proxy]\nresponse_headers = [\"Content-Type\", \"X-Trace\"]\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        let names = c.proxy.response_header_names().unwrap();
+        assert_eq!(names, ["content-type", "x-trace"]);
+        let c = Config::load(
+            Some(&p),
+            &env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", " etag ,, x-a")]),
+        )
+        .unwrap();
+        assert_eq!(c.proxy.response_headers, ["etag", "x-a"]);
+        let c = Config::load(
+            None,
+            &env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", "bad header")]),
+        )
+        .unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("bad header"));
     }
 
     #[test]

@@ -34,16 +34,23 @@ pub struct AppState {
     /// `PROVISIONER_PUBLIC_URL` without trailing slash.
     pub public_url: String,
     pub client: proxy::ProxyClient,
+    pub proxy: proxy::ProxySettings,
 }
 
 impl AppState {
-    pub fn new(lifecycle: Arc<Lifecycle>, token: auth::Token, public_url: String) -> Self {
+    pub fn new(
+        lifecycle: Arc<Lifecycle>,
+        token: auth::Token,
+        public_url: String,
+        proxy: proxy::ProxySettings,
+    ) -> Self {
         let client = proxy::client(lifecycle.clone());
         AppState {
             lifecycle,
             token,
             public_url,
             client,
+            proxy,
         }
     }
 }

@@ -43,7 +43,8 @@ const DROP_REQUEST: [&str; 10] = [
     "host",
 ];
 
-/// Response headers never copied back (hop-by-hop).
+/// Response headers never copied back (hop-by-hop), whatever the
+/// allow-list says.
 const DROP_RESPONSE: [&str; 8] = [
     "connection",
     "keep-alive",
@@ -54,6 +55,47 @@ const DROP_RESPONSE: [&str; 8] = [
     "transfer-encoding",
     "upgrade",
 ];
+
+/// How the proxy treats responses (from `[proxy]` in the configuration).
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// The only response headers copied back from a sandbox, besides
+    /// `content-length` (framing).
+    pub response_headers: Vec<HeaderName>,
+}
+
+impl ProxySettings {
+    pub fn from_config(
+        cfg: &crate::config::ProxyConfig,
+    ) -> Result<Self, crate::config::ConfigError> {
+        Ok(ProxySettings {
+            response_headers: cfg.response_header_names()?,
+        })
+    }
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self::from_config(&crate::config::ProxyConfig::default()).expect("valid default")
+    }
+}
+
+/// Keeps only the allowed response headers (and `content-length`): a
+/// sandbox must not set `Set-Cookie`, `Location` or anything else on a
+/// response the platform receives.
+fn allowed_response_headers(headers: &mut HeaderMap, allowed: &[HeaderName]) {
+    filter_headers(headers, &DROP_RESPONSE);
+    let mut kept = HeaderMap::with_capacity(allowed.len() + 1);
+    for name in allowed
+        .iter()
+        .chain(std::iter::once(&header::CONTENT_LENGTH))
+    {
+        for v in headers.get_all(name) {
+            kept.append(name.clone(), v.clone());
+        }
+    }
+    *headers = kept;
+}
 
 /// Opens upstream connections for the pool. The URI authority names the
 /// incarnation: `<hex(sandbox_id)>.<generation>.sandbox` (hex because pool
@@ -173,6 +215,7 @@ fn filter_headers(headers: &mut HeaderMap, drop: &[&str]) {
 pub async fn forward(
     lifecycle: &Arc<Lifecycle>,
     client: &ProxyClient,
+    settings: &ProxySettings,
     id: &str,
     rest: &str,
     req: Request<Incoming>,
@@ -224,7 +267,7 @@ pub async fn forward(
         .observe(started.elapsed().as_secs_f64());
 
     let (mut parts, body) = resp.into_parts();
-    filter_headers(&mut parts.headers, &DROP_RESPONSE);
+    allowed_response_headers(&mut parts.headers, &settings.response_headers);
     let body = PinnedBody {
         inner: body,
         _pin: pin,
@@ -260,5 +303,36 @@ mod tests {
         filter_headers(&mut h, &DROP_REQUEST);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("content-type"));
+    }
+
+    #[test]
+    fn only_allowed_response_headers_are_kept() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("content-type", "text/plain"),
+            ("content-length", "3"),
+            ("etag", "\"1\""),
+            ("set-cookie", "a=1"),
+            ("location", "http://x/"),
+            ("x-custom", "1"),
+            ("connection", "keep-alive"),
+        ] {
+            h.append(k, v.parse().unwrap());
+        }
+        h.append("set-cookie", "b=2".parse().unwrap());
+        allowed_response_headers(&mut h, &ProxySettings::default().response_headers);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["content-length", "content-type", "etag"]);
+        // Hop-by-hop headers go even when listed.
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close".parse().unwrap());
+        h.insert("x-a", "1".parse().unwrap());
+        allowed_response_headers(
+            &mut h,
+            &["connection".parse().unwrap(), "x-a".parse().unwrap()],
+        );
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-a"));
     }
 }

@@ -258,7 +258,13 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         l
     };
     let _reaper = lifecycle.spawn_reaper();
-    let state = Arc::new(AppState::new(lifecycle.clone(), token, cfg.public_url()));
+    let proxy = api::proxy::ProxySettings::from_config(&cfg.proxy)?;
+    let state = Arc::new(AppState::new(
+        lifecycle.clone(),
+        token,
+        cfg.public_url(),
+        proxy,
+    ));
     // Ready only now: existing sandboxes are reconciled and adopted, and the
     // listeners are bound (connections queue in their backlog until the
     // accept loops, started right below, take them).

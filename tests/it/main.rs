@@ -22,6 +22,7 @@ mod agent_client;
 mod agent_http;
 mod agent_static;
 mod api;
+mod api_parity;
 mod cgroups_real;
 mod daemon_config;
 mod kube_backend;
