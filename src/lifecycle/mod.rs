@@ -175,6 +175,18 @@ impl Lifecycle {
         }
     }
 
+    /// Marks activity of `id` only if it is still at `generation` (the end
+    /// of a proxied response: a newer incarnation is not its business).
+    pub fn touch_generation(&self, id: &str, generation: &str) {
+        let now = self.now_ms();
+        if let Some(t) = self.table().get_mut(id) {
+            if t.record.generation == generation {
+                t.touches += 1;
+                t.last_active_ms = now;
+            }
+        }
+    }
+
     /// Number of tracked sandboxes.
     pub fn tracked_count(&self) -> usize {
         self.table().len()
@@ -257,11 +269,19 @@ impl Lifecycle {
     }
 
     /// Discover: the record with a fresh cheap status. Counts as activity.
+    /// A sandbox that is not running is absent (404, not activity), as the
+    /// provisioner the platform's client was written for answered: the
+    /// client then drops its cached connection and creates a new one.
+    /// `list` still shows it.
     pub async fn discover(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
         validate_sandbox_id(id)?;
         let record = self.get(id).ok_or(LifecycleError::NotFound)?;
-        self.touch(id);
-        Ok(self.refresh(record).await)
+        let fresh = self.refresh(record).await;
+        if fresh.status != SandboxStatus::Running {
+            return Err(LifecycleError::NotFound);
+        }
+        self.touch_generation(id, &fresh.generation);
+        Ok(fresh)
     }
 
     /// Refreshes a record's status and stores it if it is still the same
@@ -402,6 +422,7 @@ impl Lifecycle {
 
     /// Admits a proxy request for `id`: waits while a delete of it runs,
     /// then pins it until the returned value is dropped. Marks activity.
+    /// A sandbox that is not running is absent (404), like on discover.
     pub async fn pin(&self, id: &str) -> Result<ProxyPin, LifecycleError> {
         validate_sandbox_id(id)?;
         if self.get(id).is_none() {
@@ -410,7 +431,10 @@ impl Lifecycle {
         let guard = self.locks.pin(id).await;
         // A delete may have run while we waited.
         let record = self.get(id).ok_or(LifecycleError::NotFound)?;
-        self.touch(id);
+        if self.backend.status(&record).await != SandboxStatus::Running {
+            return Err(LifecycleError::NotFound);
+        }
+        self.touch_generation(id, &record.generation);
         Ok(ProxyPin {
             record,
             _guard: guard,

@@ -46,18 +46,32 @@ async fn reuse_keeps_generation_and_mismatch_is_refused() {
 }
 
 #[tokio::test]
-async fn stale_incarnation_is_replaced() {
+async fn stale_incarnation_is_absent_listed_and_replaced() {
     let lc = lc(0, None);
     let a = lc.create(req("s1", "t1")).await.unwrap();
-    // The backend loses it (process died): the next create makes a new one.
+    // The backend loses it (process died): discover and the proxy say it
+    // is absent (and that is no activity); the list still shows it ...
     lc.backend().delete("s1", &a.generation).await.unwrap();
-    assert_eq!(
-        lc.discover("s1").await.unwrap().status,
-        SandboxStatus::Exited
-    );
+    let touches = lc.observe().pop().unwrap().touches;
+    assert!(matches!(
+        lc.discover("s1").await,
+        Err(LifecycleError::NotFound)
+    ));
+    assert!(matches!(lc.pin("s1").await, Err(LifecycleError::NotFound)));
+    assert_eq!(lc.observe().pop().unwrap().touches, touches);
+    let listed = lc.list().await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].status, SandboxStatus::Exited);
+    assert_eq!(listed[0].generation, a.generation);
+    // ... and the next create makes a new one.
     let b = lc.create(req("s1", "t1")).await.unwrap();
     assert_ne!(a.generation, b.generation);
     assert_eq!(b.status, SandboxStatus::Running);
+    assert_eq!(lc.discover("s1").await.unwrap().generation, b.generation);
+    // An explicit delete of an exited sandbox still succeeds.
+    lc.backend().delete("s1", &b.generation).await.unwrap();
+    assert!(lc.delete("s1", Some(&b.generation)).await.unwrap());
+    assert!(lc.list().await.is_empty());
 }
 
 #[tokio::test]

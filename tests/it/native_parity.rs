@@ -4,6 +4,8 @@
 //! counterparts are in `api_parity.rs`.
 
 use crate::common;
+use crate::native_cgroups::cgroup_dirs;
+use crate::native_durability::agent_pid;
 
 use std::time::{Duration, Instant};
 
@@ -38,6 +40,124 @@ async fn proxied(
         .body(full(body))
         .unwrap();
     d.client.request(req).await.unwrap()
+}
+
+/// Waits (bounded) until `id` is answered 404 by discover.
+async fn wait_absent(d: &Daemon, id: &str) {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+        if s == 404 {
+            assert_eq!(v, json!({"detail": "sandbox not found"}));
+            return;
+        }
+        assert!(Instant::now() < end, "{id} is still discovered: {s} {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn kill_9(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+/// Links of the daemon's open fds that name `target` (e.g. a netns).
+fn daemon_fds_naming(daemon: u32, target: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{daemon}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == target))
+        .count()
+}
+
+fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A sandbox whose PID 1 died is absent for discover, touch and the proxy
+/// (the client then creates a fresh one); it stays listed as `exited`, with
+/// `oom_killed` read before its cgroup went, and its netns fd, cgroup and
+/// bundle are cleaned up at once. The next create makes a new generation;
+/// an explicit delete still answers 200.
+#[tokio::test]
+async fn an_exited_sandbox_looks_absent_and_is_cleaned_up() {
+    if !privileged("an_exited_sandbox_looks_absent_and_is_cleaned_up") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let mut body = ephemeral("gone");
+    body["resources"] = json!({"memory_mb": 128});
+    let first = create(&d, body.clone()).await;
+    let (out, _) = d
+        .exec("gone", "python3 -c 'b = b\"x\" * (400 << 20)'; echo rc=$?")
+        .await;
+    assert!(out.contains("rc=137"), "no OOM kill: {out}");
+    let pid = agent_pid(&dirs, "gone");
+    let netns = std::fs::read_link(format!("/proc/{pid}/ns/net"))
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    assert_eq!(daemon_fds_naming(d.pid(), &netns), 1, "netns fd not held");
+    let bundle = d.state_dir.path().join("sandboxes/gone/bundle");
+    assert!(bundle.is_dir());
+    assert!(!cgroup_dirs(&dirs.cgroup_parent, Some("gone")).is_empty());
+
+    kill_9(pid);
+    wait_absent(&d, "gone").await;
+    let (s, v) = d.json("POST", "/api/sandboxes/gone/touch", None).await;
+    assert_eq!((s, v), (404, json!({"detail": "sandbox not found"})));
+    let (s, v) = d
+        .json("GET", "/api/sandboxes/gone/proxy/v1/sandbox", None)
+        .await;
+    assert_eq!((s, v), (404, json!({"detail": "sandbox not found"})));
+    // Operators still see it, with what happened to it.
+    let (_, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(v["count"], 1, "{v}");
+    let listed = &v["sandboxes"][0];
+    assert_eq!(listed["status"], "exited", "{v}");
+    assert_eq!(listed["oom_killed"], true, "{v}");
+    assert_eq!(listed["generation"], first["generation"]);
+    // Cleaned up at exit: no netns fd, no cgroup, no bundle.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            daemon_fds_naming(d.pid(), &netns) == 0
+                && cgroup_dirs(&dirs.cgroup_parent, Some("gone")).is_empty()
+                && !bundle.exists()
+        }),
+        "not cleaned up: netns fds {}, cgroups {:?}, bundle {}",
+        daemon_fds_naming(d.pid(), &netns),
+        cgroup_dirs(&dirs.cgroup_parent, Some("gone")),
+        bundle.exists()
+    );
+    // The next create makes a new generation that works.
+    let second = create(&d, body).await;
+    assert_ne!(second["generation"], first["generation"]);
+    assert_eq!(second["status"], "running");
+    let (out, _) = d.exec("gone", "echo back").await;
+    assert_eq!(out, "back\n");
+
+    // An explicit delete of an exited sandbox answers as before.
+    create(&d, ephemeral("dead")).await;
+    kill_9(agent_pid(&dirs, "dead"));
+    wait_absent(&d, "dead").await;
+    let (s, v) = d.json("DELETE", "/api/sandboxes/dead", None).await;
+    assert_eq!((s, v), (200, json!({"ok": true, "sandbox_id": "dead"})));
+    let (_, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(v["count"], 1, "{v}");
+    assert!(!d.state_dir.path().join("sandboxes/dead").exists());
 }
 
 /// The agent's cap on a command follows `SANDBOX_EXEC_TIMEOUT_SECONDS`

@@ -151,12 +151,7 @@ impl NativeBackend {
         failpoint::hit(Point::CreateAfterRunning);
         made.commit();
         let record = record_of(&st, SandboxStatus::Running);
-        self.track(Live {
-            record: record.clone(),
-            handle,
-            netns: Arc::new(netns),
-            cgroup: Some(Arc::new(cgroup)),
-        });
+        self.track(Live::new(record.clone(), handle, netns, Some(cgroup)));
         Ok(record)
     }
 }
