@@ -8,11 +8,12 @@
 //! made: that is the [`Backend`]'s business.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use tokio::sync::Notify;
 use tracing::{info, warn, Instrument};
 
 use crate::backend::{Backend, BackendError, Upstream};
@@ -103,6 +104,10 @@ pub struct Lifecycle {
     tracked: Mutex<HashMap<String, Tracked>>,
     locks: Arc<IdLocks>,
     quiescing: AtomicBool,
+    /// Creates past the quiesce gate and not finished, and a wake-up for
+    /// quiesce when one finishes.
+    creating: AtomicUsize,
+    create_done: Notify,
     epoch: Instant,
 }
 
@@ -111,6 +116,16 @@ pub struct Lifecycle {
 pub struct ProxyPin {
     pub record: SandboxRecord,
     _guard: ProxyGuard,
+}
+
+/// A create past the quiesce gate; quiesce waits until none is left.
+struct CreateInFlight<'a>(&'a Lifecycle);
+
+impl Drop for CreateInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.creating.fetch_sub(1, Ordering::SeqCst);
+        self.0.create_done.notify_waiters();
+    }
 }
 
 impl Lifecycle {
@@ -122,6 +137,8 @@ impl Lifecycle {
             tracked: Mutex::new(HashMap::new()),
             locks: Arc::new(IdLocks::default()),
             quiescing: AtomicBool::new(false),
+            creating: AtomicUsize::new(0),
+            create_done: Notify::new(),
             epoch: Instant::now(),
         }
     }
@@ -196,6 +213,32 @@ impl Lifecycle {
         self.quiescing.load(Ordering::SeqCst)
     }
 
+    /// Passes the quiesce gate: counts the create as in flight, then
+    /// checks the gate. Quiesce closes the gate, then waits for the count
+    /// to drop to zero; with both sides sequentially consistent, a create
+    /// either sees the gate closed or is counted before quiesce looks.
+    fn enter_create(&self) -> Result<CreateInFlight<'_>, LifecycleError> {
+        self.creating.fetch_add(1, Ordering::SeqCst);
+        let entered = CreateInFlight(self);
+        if self.is_quiescing() {
+            return Err(LifecycleError::Quiescing);
+        }
+        Ok(entered)
+    }
+
+    /// Returns once no create is past the gate.
+    async fn creates_finished(&self) {
+        loop {
+            let notified = self.create_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.creating.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Adopts everything the backend already runs (start-up). Each is
     /// tracked as active "now".
     pub async fn adopt_existing(&self) -> Result<usize, BackendError> {
@@ -222,9 +265,8 @@ impl Lifecycle {
                 return Err(LifecycleError::Quiescing);
             }
             let (slot, _op) = self.locks.operation(&id).await;
-            if self.is_quiescing() {
-                return Err(LifecycleError::Quiescing);
-            }
+            // Past this point quiesce waits for this create to finish.
+            let _in_flight = self.enter_create()?;
             if let Some(existing) = self.get(&id) {
                 if existing.identity != spec.identity {
                     return Err(LifecycleError::IdentityMismatch(id.clone()));
@@ -451,16 +493,21 @@ impl Lifecycle {
         self.backend.connect(&record).await
     }
 
-    /// Closes the create gate, deletes every sandbox (generation-fenced) and
-    /// waits until the backend lists none, or fails at the deadline.
+    /// Closes the create gate, waits for the creates already past it,
+    /// deletes every sandbox (generation-fenced) and waits until the
+    /// backend lists none, or fails at the deadline.
     pub async fn quiesce(&self, timeout: Duration) -> Result<usize, LifecycleError> {
         self.quiescing.store(true, Ordering::SeqCst);
         info!(
             timeout_s = timeout.as_secs(),
+            creates_in_flight = self.creating.load(Ordering::SeqCst),
             "quiescing: create gate closed"
         );
         let deleted = Arc::new(AtomicU64::new(0));
         let work = async {
+            // A create that passed the gate is in neither the table nor the
+            // backend's list yet: wait for it, or it appears afterwards.
+            self.creates_finished().await;
             loop {
                 let mut targets: Vec<(String, String)> = self
                     .table()
@@ -506,7 +553,7 @@ impl Lifecycle {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(LifecycleError::QuiesceTimeout(
                 timeout,
-                self.tracked_count(),
+                self.tracked_count() + self.creating.load(Ordering::SeqCst),
             )),
         }
     }

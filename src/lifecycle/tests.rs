@@ -172,6 +172,19 @@ async fn quiesce_closes_gate_and_deletes_all() {
 }
 
 #[tokio::test]
+async fn quiesce_waits_for_creates_in_flight() {
+    let lc = lc(300, None);
+    let lc2 = lc.clone();
+    let create = tokio::spawn(async move { lc2.create(req("late", "t")).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The create passed the gate: quiesce waits for it, then deletes it.
+    assert_eq!(lc.quiesce(Duration::from_secs(5)).await.unwrap(), 1);
+    assert!(create.await.unwrap().is_ok());
+    assert_eq!(lc.tracked_count(), 0);
+    assert!(lc.backend().list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn quiesce_times_out_behind_a_pin() {
     let lc = lc(0, None);
     lc.create(req("a", "t")).await.unwrap();

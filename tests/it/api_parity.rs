@@ -5,9 +5,13 @@
 
 use crate::common;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use bytes::Bytes;
 use common::{create_body, full, upstream, Daemon, TOKEN};
 use http_body_util::BodyExt;
+use serde_json::json;
 
 async fn daemon_with_upstream(extra: &[(&str, &str)]) -> Daemon {
     let up = upstream::start().await;
@@ -26,6 +30,40 @@ async fn proxied_get(d: &Daemon, path: &str) -> http::Response<hyper::body::Inco
         .body(full(Bytes::new()))
         .unwrap();
     d.client.request(req).await.unwrap()
+}
+
+/// Quiesce closes the gate, then waits for a create that passed it (held
+/// here by the memory backend's create delay) before deleting: the answer
+/// counts it and no sandbox exists afterwards.
+#[tokio::test]
+async fn quiesce_waits_for_a_create_in_flight() {
+    let d = Arc::new(Daemon::start_memory(&[("MEMORY_CREATE_DELAY_MS", "1500")]));
+    let d2 = d.clone();
+    let create = tokio::spawn(async move {
+        d2.json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("late", "t", "u")),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, v) = d
+        .json("POST", "/api/sandboxes/quiesce?timeout_seconds=30", None)
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true, "deleted": 1})));
+    let (s, v) = create.await.unwrap();
+    assert_eq!(s, 200, "the create passed the gate before quiesce: {v}");
+    let (_, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(v["count"], 0, "a sandbox exists after quiesce: {v}");
+    let (s, _) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("later", "t", "u")),
+        )
+        .await;
+    assert_eq!(s, 503);
 }
 
 /// Only the headers the replaced provisioner allowed come back from a

@@ -5,8 +5,9 @@
 
 use crate::common;
 use crate::native_cgroups::cgroup_dirs;
-use crate::native_durability::agent_pid;
+use crate::native_durability::{agent_pid, sandbox_pids};
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -158,6 +159,63 @@ async fn an_exited_sandbox_looks_absent_and_is_cleaned_up() {
     let (_, v) = d.json("GET", "/api/sandboxes", None).await;
     assert_eq!(v["count"], 1, "{v}");
     assert!(!d.state_dir.path().join("sandboxes/dead").exists());
+}
+
+/// Quiesce waits for a create that passed the gate (held here at a
+/// failpoint after its bundle is written) and then deletes it: no runtime
+/// exists once quiesce has answered.
+#[tokio::test]
+async fn quiesce_waits_for_a_create_held_at_a_failpoint() {
+    if !privileged("quiesce_waits_for_a_create_held_at_a_failpoint") {
+        return;
+    }
+    if !sandboxd::failpoint::ENABLED {
+        panic!("failpoints are compiled only with the failpoints feature (cargo test enables it)");
+    }
+    let dirs = NativeDirs::new();
+    let pause = tempfile::tempdir().unwrap();
+    let resume = pause.path().join("resume");
+    let resume_s = resume.to_string_lossy().to_string();
+    let d = Arc::new(Daemon::start_native(
+        &dirs,
+        &[
+            ("SANDBOXD_FAILPOINT", "create:after_bundle"),
+            ("SANDBOXD_FAILPOINT_PAUSE", resume_s.as_str()),
+        ],
+    ));
+    let d2 = d.clone();
+    let create = tokio::spawn(async move { d2.create(ephemeral("late")).await });
+    let paused = pause.path().join("resume.paused");
+    let end = Instant::now() + Duration::from_secs(30);
+    while !paused.exists() {
+        assert!(Instant::now() < end, "the create never paused");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let d3 = d.clone();
+    let quiesce = tokio::spawn(async move {
+        d3.json("POST", "/api/sandboxes/quiesce?timeout_seconds=60", None)
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !quiesce.is_finished(),
+        "quiesce answered while a create was in flight: {:?}",
+        quiesce.await
+    );
+    std::fs::write(&resume, "").unwrap();
+    let (s, v) = create.await.unwrap();
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = quiesce.await.unwrap();
+    assert_eq!((s, v), (200, json!({"ok": true, "deleted": 1})));
+    let (_, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(v["count"], 0, "{v}");
+    assert!(
+        eventually(Duration::from_secs(10), || sandbox_pids(&dirs).is_empty()),
+        "sandbox processes after quiesce: {:?}",
+        sandbox_pids(&dirs)
+    );
+    assert!(cgroup_dirs(&dirs.cgroup_parent, Some("late")).is_empty());
+    assert!(!d.state_dir.path().join("sandboxes/late").exists());
 }
 
 /// The agent's cap on a command follows `SANDBOX_EXEC_TIMEOUT_SECONDS`
