@@ -355,6 +355,9 @@ pub struct Config {
     /// Stop every sandbox when the daemon exits (default: leave them running).
     pub stop_sandboxes_on_exit: bool,
     pub shutdown_grace_seconds: u64,
+    /// How long a delete waits for in-flight proxied requests of its
+    /// sandbox before it cancels them.
+    pub delete_grace_seconds: u64,
     pub log_format: LogFormat,
     /// Tokio worker threads of the daemon (`SANDBOXD_WORKER_THREADS`; none:
     /// one per CPU). Environment only.
@@ -398,6 +401,7 @@ impl Default for Config {
             memory_url_template: "http://127.0.0.1:8080".to_string(),
             stop_sandboxes_on_exit: false,
             shutdown_grace_seconds: 20,
+            delete_grace_seconds: 10,
             log_format: LogFormat::Text,
             worker_threads: None,
             memory_create_delay_ms: 0,
@@ -478,6 +482,7 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
     ("SANDBOXD_PROXY_RESPONSE_HEADERS", Setter::Text(|c, v| c.proxy.response_headers = split_list(&v))),
+    ("SANDBOXD_DELETE_GRACE_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.delete_grace_seconds, v))),
 ];
 
 /// A comma-separated list, blank items dropped.
@@ -910,6 +915,23 @@ mod tests {
         )
         .unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("bad header"));
+    }
+
+    #[test]
+    fn delete_grace_default_file_and_env() {
+        assert_eq!(Config::default().delete_grace_seconds, 10);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "delete_grace_seconds = 3\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.delete_grace_seconds, 3);
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_DELETE_GRACE_SECONDS", "0")])).unwrap();
+        assert_eq!(c.delete_grace_seconds, 0);
+        c.validate().unwrap();
+        let e = Config::load(None, &env(&[("SANDBOXD_DELETE_GRACE_SECONDS", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SANDBOXD_DELETE_GRACE_SECONDS"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! backend through [`SandboxConnector`] and are kept alive in a pool keyed by
 //! sandbox *incarnation*, so a new generation never reuses a connection to
 //! an old one. The proxy pin travels with the response body: a delete of the
-//! sandbox waits until the body has been sent.
+//! sandbox waits until the body has been sent, or until its grace runs out
+//! and it cancels the request (the response then ends with an error).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -164,26 +165,81 @@ pub fn client(lifecycle: Arc<Lifecycle>) -> ProxyClient {
         .build(SandboxConnector { lifecycle })
 }
 
+/// Why a proxied response body ended early (the status line is out by
+/// then: the client sees an aborted response).
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("sandbox {0}: response cut: the sandbox is being deleted")]
+    Cancelled(String),
+    #[error(transparent)]
+    Upstream(#[from] hyper::Error),
+}
+
 /// A response body that keeps the sandbox pinned until it is finished (or
-/// dropped because the client went away).
+/// dropped because the client went away), and ends with an error when a
+/// delete cancels it.
 struct PinnedBody {
     inner: Incoming,
-    _pin: ProxyPin,
+    /// Taken when the response is over.
+    pin: Option<ProxyPin>,
+    cancelled: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl PinnedBody {
+    fn new(inner: Incoming, pin: ProxyPin) -> Self {
+        PinnedBody {
+            inner,
+            cancelled: Box::pin(pin.cancellation()),
+            pin: Some(pin),
+        }
+    }
+
+    fn id(&self) -> String {
+        self.pin
+            .as_ref()
+            .map(|p| p.record.sandbox_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// The response is over (ended, failed or cut): releases the pin.
+    fn finish(&mut self) {
+        self.pin.take();
+    }
 }
 
 impl HttpBody for PinnedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = StreamError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
+        let this = &mut *self;
+        if this.pin.is_none() {
+            return Poll::Ready(None);
+        }
+        if this.cancelled.as_mut().poll(cx).is_ready() {
+            let id = this.id();
+            this.finish();
+            return Poll::Ready(Some(Err(StreamError::Cancelled(id))));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Err(e))) => {
+                this.finish();
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                this.finish();
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.pin.is_none() || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -252,15 +308,22 @@ pub async fn forward(
     let upstream_req = Request::from_parts(parts, body);
 
     let started = Instant::now();
-    let resp = client.request(upstream_req).await.map_err(|e| {
-        let mut msg = e.to_string();
-        let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
-        while let Some(s) = src {
-            msg = format!("{msg}: {s}");
-            src = s.source();
+    let resp = tokio::select! {
+        r = client.request(upstream_req) => r.map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
+        })?,
+        _ = pin.cancellation() => {
+            return Err(ApiError::BadGateway(format!(
+                "sandbox {id} unreachable: deleted while the request was in flight"
+            )));
         }
-        ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
-    })?;
+    };
     lifecycle
         .metrics()
         .proxy_seconds
@@ -268,12 +331,9 @@ pub async fn forward(
 
     let (mut parts, body) = resp.into_parts();
     allowed_response_headers(&mut parts.headers, &settings.response_headers);
-    let body = PinnedBody {
-        inner: body,
-        _pin: pin,
-    }
-    .map_err(|e| Box::new(e) as super::BoxError)
-    .boxed_unsync();
+    let body = PinnedBody::new(body, pin)
+        .map_err(|e| Box::new(e) as super::BoxError)
+        .boxed_unsync();
     Ok(Response::from_parts(parts, body))
 }
 

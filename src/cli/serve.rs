@@ -236,6 +236,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         idle_check_interval: Duration::from_secs(cfg.idle_check_interval_seconds),
         global_env: global_env(&cfg)?,
         limits: cfg.limits.clone(),
+        delete_grace: Duration::from_secs(cfg.delete_grace_seconds),
     };
     let backend = build_backend(&cfg).await?;
     info!(backend = backend.name(), state_dir = %cfg.state_dir.display(), "starting sandboxd");

@@ -77,6 +77,9 @@ pub struct Settings {
     /// Node-global sandbox env (merged under the user env).
     pub global_env: BTreeMap<String, String>,
     pub limits: Limits,
+    /// How long a delete waits for in-flight proxy requests of its sandbox
+    /// before it cancels them.
+    pub delete_grace: Duration,
 }
 
 /// One tracked incarnation. Activity is a touch counter plus a timestamp so
@@ -112,10 +115,23 @@ pub struct Lifecycle {
 }
 
 /// A proxy request's hold on a sandbox: the record it was admitted for and
-/// the pin that keeps a delete waiting until it is dropped.
+/// the pin that keeps a delete waiting until it is dropped (or until the
+/// delete's grace runs out and it cancels the request).
 pub struct ProxyPin {
     pub record: SandboxRecord,
-    _guard: ProxyGuard,
+    guard: ProxyGuard,
+}
+
+impl ProxyPin {
+    /// True once a delete cancelled the request.
+    pub fn is_cancelled(&self) -> bool {
+        self.guard.is_cancelled()
+    }
+
+    /// Resolves when a delete cancels the request (see [`ProxyGuard`]).
+    pub fn cancellation(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.guard.cancellation()
+    }
 }
 
 /// A create past the quiesce gate; quiesce waits until none is left.
@@ -279,7 +295,7 @@ impl Lifecycle {
                 }
                 warn!(generation = %existing.generation, status = status.as_str(),
                       "replacing stale sandbox");
-                let _excl = IdLocks::exclusive(&slot).await;
+                let _excl = self.exclusive(&slot).await;
                 match self.backend.delete(&id, &existing.generation).await {
                     Ok(()) => {}
                     // The incarnation we tracked was already replaced
@@ -405,8 +421,9 @@ impl Lifecycle {
             if check(self)?.is_none() {
                 return Ok(false);
             }
-            // Wait for in-flight proxy requests; block new ones.
-            let _excl = IdLocks::exclusive(&slot).await;
+            // Wait for in-flight proxy requests (at most the grace, then
+            // they are cancelled); block new ones.
+            let _excl = self.exclusive(&slot).await;
             let Some(record) = check(self)? else {
                 return Ok(false);
             };
@@ -462,6 +479,21 @@ impl Lifecycle {
         .await
     }
 
+    /// The exclusive hold of a delete (see [`IdLocks::exclusive`]), with
+    /// the configured grace; says when it had to cancel requests.
+    async fn exclusive(&self, slot: &locks::SlotRef<'_>) -> locks::Exclusive {
+        let grace = self.settings.delete_grace;
+        let x = IdLocks::exclusive(slot, grace).await;
+        if x.cancelled > 0 {
+            warn!(
+                cancelled = x.cancelled,
+                grace_ms = grace.as_millis() as u64,
+                "in-flight proxy requests cut: still running after the delete grace"
+            );
+        }
+        x
+    }
+
     /// Admits a proxy request for `id`: waits while a delete of it runs,
     /// then pins it until the returned value is dropped. Marks activity.
     /// A sandbox that is not running is absent (404), like on discover.
@@ -477,10 +509,7 @@ impl Lifecycle {
             return Err(LifecycleError::NotFound);
         }
         self.touch_generation(id, &record.generation);
-        Ok(ProxyPin {
-            record,
-            _guard: guard,
-        })
+        Ok(ProxyPin { record, guard })
     }
 
     /// Opens a connection to the sandbox `id` at `generation` (the proxy's

@@ -15,6 +15,7 @@ fn settings(idle: Option<Duration>) -> Settings {
         idle_check_interval: Duration::from_millis(50),
         global_env: BTreeMap::new(),
         limits: Limits::default(),
+        delete_grace: Duration::from_secs(10),
     }
 }
 
@@ -182,6 +183,25 @@ async fn quiesce_waits_for_creates_in_flight() {
     assert!(create.await.unwrap().is_ok());
     assert_eq!(lc.tracked_count(), 0);
     assert!(lc.backend().list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn delete_cancels_pins_after_the_grace() {
+    let mut s = settings(None);
+    s.delete_grace = Duration::from_millis(200);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    lc.create(req("s1", "t")).await.unwrap();
+    lc.create(req("s2", "t")).await.unwrap();
+    let stuck = lc.pin("s1").await.unwrap();
+    let other = lc.pin("s2").await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(lc.delete("s1", None).await.unwrap());
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(stuck.is_cancelled());
+    assert!(!other.is_cancelled());
+    drop(stuck);
+    assert!(matches!(lc.pin("s1").await, Err(LifecycleError::NotFound)));
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 use crate::common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{create_body, full, upstream, Daemon, TOKEN};
@@ -105,4 +105,63 @@ async fn only_allowed_response_headers_come_back() {
     assert!(h.contains_key("content-type"));
     assert!(!h.contains_key("etag"), "{h:?}");
     assert!(!h.contains_key("set-cookie"), "{h:?}");
+}
+
+/// A delete waits for in-flight requests at most the grace period, then
+/// cancels their bodies, even one the client is not reading; requests for
+/// other sandboxes are served meanwhile.
+#[tokio::test]
+async fn delete_cancels_stuck_streams_after_the_grace() {
+    let d = Arc::new(daemon_with_upstream(&[("SANDBOXD_DELETE_GRACE_SECONDS", "1")]).await);
+    for id in ["stuck", "other"] {
+        let (s, _) = d
+            .json("POST", "/api/sandboxes", Some(create_body(id, "t", "u")))
+            .await;
+        assert_eq!(s, 200);
+    }
+    // A stream being read (a chunk every 200 ms for 200 s) ...
+    let resp = proxied_get(&d, "/api/sandboxes/stuck/proxy/slow?chunks=1000&ms=200").await;
+    let mut reading = resp.into_body();
+    reading.frame().await.unwrap().unwrap();
+    // ... and a 10 GB download nobody reads (back-pressure all the way).
+    let unread = proxied_get(&d, "/api/sandboxes/stuck/proxy/download?bytes=10000000000").await;
+    assert_eq!(unread.status(), 200);
+
+    let d2 = d.clone();
+    let started = Instant::now();
+    let del = tokio::spawn(async move { d2.json("DELETE", "/api/sandboxes/stuck", None).await });
+    // While that delete waits, another sandbox is served at once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let (s, _) = d.json("GET", "/api/sandboxes/other/proxy/echo", None).await;
+    assert_eq!(s, 200);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let (s, v) = tokio::time::timeout(Duration::from_secs(15), del)
+        .await
+        .expect("the delete still waits for the streams after 15 s")
+        .unwrap();
+    assert_eq!((s, v), (200, json!({"ok": true, "sandbox_id": "stuck"})));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The stream that was being read ends in an error (cut, not completed).
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match reading.frame().await {
+                Some(Ok(_)) => continue,
+                Some(Err(_)) => return true,
+                None => return false,
+            }
+        }
+    })
+    .await
+    .expect("the cancelled stream did not end");
+    assert!(end, "the cancelled stream ended as if complete");
+    drop(unread);
+    let (s, _) = d.json("GET", "/api/sandboxes/stuck/proxy/echo", None).await;
+    assert_eq!(s, 404);
+    let (s, _) = d.json("GET", "/api/sandboxes/other", None).await;
+    assert_eq!(s, 200);
 }

@@ -342,3 +342,54 @@ async fn special_files_are_refused_and_missing_ones_say_so() {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"hi");
 }
+
+/// A download the platform stops reading does not hold a delete longer
+/// than the grace period, and other sandboxes are served meanwhile.
+#[tokio::test]
+async fn delete_cancels_a_stuck_download_after_the_grace() {
+    if !privileged("delete_cancels_a_stuck_download_after_the_grace") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Arc::new(Daemon::start_native(
+        &dirs,
+        &[("SANDBOXD_DELETE_GRACE_SECONDS", "1")],
+    ));
+    create(&d, ephemeral("big")).await;
+    create(&d, ephemeral("calm")).await;
+    let (_, code) = d.exec("big", "truncate -s 50G /home/gem/huge.bin").await;
+    assert_eq!(code, 0);
+    let resp = proxied(
+        &d,
+        "GET",
+        "/api/sandboxes/big/proxy/v1/file/download?path=/home/gem/huge.bin",
+        None,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    // From here on nobody reads it.
+    let d2 = d.clone();
+    let started = Instant::now();
+    let del = tokio::spawn(async move { d2.json("DELETE", "/api/sandboxes/big", None).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let (out, _) = d.exec("calm", "echo served").await;
+    assert_eq!(out, "served\n");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let (s, v) = tokio::time::timeout(Duration::from_secs(15), del)
+        .await
+        .expect("the delete still waits for the download after 15 s")
+        .unwrap();
+    assert_eq!((s, v), (200, json!({"ok": true, "sandbox_id": "big"})));
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(body);
+    let (_, v) = d.json("GET", "/api/sandboxes", None).await;
+    assert_eq!(v["count"], 1, "{v}");
+    assert!(cgroup_dirs(&dirs.cgroup_parent, Some("big")).is_empty());
+}
