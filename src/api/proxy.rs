@@ -7,6 +7,8 @@
 //! an old one. The proxy pin travels with the response body: a delete of the
 //! sandbox waits until the body has been sent, or until its grace runs out
 //! and it cancels the request (the response then ends with an error).
+//! Activity is marked when a request is admitted and again when its
+//! response ends.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -176,21 +178,23 @@ pub enum StreamError {
 }
 
 /// A response body that keeps the sandbox pinned until it is finished (or
-/// dropped because the client went away), and ends with an error when a
-/// delete cancels it.
+/// dropped because the client went away), ends with an error when a
+/// delete cancels it, and marks activity when it ends.
 struct PinnedBody {
     inner: Incoming,
     /// Taken when the response is over.
     pin: Option<ProxyPin>,
+    lifecycle: Arc<Lifecycle>,
     cancelled: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 impl PinnedBody {
-    fn new(inner: Incoming, pin: ProxyPin) -> Self {
+    fn new(inner: Incoming, pin: ProxyPin, lifecycle: Arc<Lifecycle>) -> Self {
         PinnedBody {
             inner,
             cancelled: Box::pin(pin.cancellation()),
             pin: Some(pin),
+            lifecycle,
         }
     }
 
@@ -201,9 +205,16 @@ impl PinnedBody {
             .unwrap_or_default()
     }
 
-    /// The response is over (ended, failed or cut): releases the pin.
+    /// The response is over (ended, failed, cut or dropped): marks activity
+    /// unless a delete cancelled it, and releases the pin.
     fn finish(&mut self) {
-        self.pin.take();
+        if let Some(pin) = self.pin.take() {
+            if !pin.is_cancelled() {
+                let r = &pin.record;
+                self.lifecycle
+                    .touch_generation(&r.sandbox_id, &r.generation);
+            }
+        }
     }
 }
 
@@ -244,6 +255,12 @@ impl HttpBody for PinnedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl Drop for PinnedBody {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -331,7 +348,7 @@ pub async fn forward(
 
     let (mut parts, body) = resp.into_parts();
     allowed_response_headers(&mut parts.headers, &settings.response_headers);
-    let body = PinnedBody::new(body, pin)
+    let body = PinnedBody::new(body, pin, lifecycle.clone())
         .map_err(|e| Box::new(e) as super::BoxError)
         .boxed_unsync();
     Ok(Response::from_parts(parts, body))

@@ -98,6 +98,8 @@ pub(crate) struct Observation {
     pub generation: String,
     pub touches: u64,
     pub idle: Duration,
+    /// Proxy requests in flight: a sandbox serving one is not idle.
+    pub inflight: usize,
 }
 
 pub struct Lifecycle {
@@ -611,6 +613,7 @@ impl Lifecycle {
                 generation: t.record.generation.clone(),
                 touches: t.touches,
                 idle: Duration::from_millis(now.saturating_sub(t.last_active_ms)),
+                inflight: self.locks.inflight(&t.record.sandbox_id),
             })
             .collect()
     }

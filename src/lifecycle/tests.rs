@@ -186,6 +186,32 @@ async fn quiesce_waits_for_creates_in_flight() {
 }
 
 #[tokio::test]
+async fn a_proxied_response_ending_marks_activity() {
+    let lc = lc(0, None);
+    let a = lc.create(req("s1", "t")).await.unwrap();
+    let before = lc.observe().pop().unwrap().touches;
+    lc.touch_generation("s1", &a.generation);
+    assert_eq!(lc.observe().pop().unwrap().touches, before + 1);
+    // Another generation's response does not count.
+    lc.touch_generation("s1", "0000");
+    assert_eq!(lc.observe().pop().unwrap().touches, before + 1);
+}
+
+#[tokio::test]
+async fn a_sandbox_serving_a_request_is_not_reaped() {
+    let lc = lc(0, Some(Duration::from_millis(200)));
+    lc.create(req("busy", "t")).await.unwrap();
+    let pin = lc.pin("busy").await.unwrap();
+    let _h = lc.spawn_reaper().unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(lc.observe().pop().unwrap().inflight, 1);
+    assert_eq!(lc.tracked_count(), 1, "reaped while serving a request");
+    drop(pin);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(lc.tracked_count(), 0, "not reaped once idle");
+}
+
+#[tokio::test]
 async fn delete_cancels_pins_after_the_grace() {
     let mut s = settings(None);
     s.delete_grace = Duration::from_millis(200);

@@ -66,6 +66,34 @@ async fn quiesce_waits_for_a_create_in_flight() {
     assert_eq!(s, 503);
 }
 
+/// A response that streams for longer than the idle timeout marks activity
+/// when it ends: the sandbox is not reaped right after it.
+#[tokio::test]
+async fn a_long_response_counts_as_activity_when_it_ends() {
+    let d = daemon_with_upstream(&[
+        ("SANDBOX_IDLE_TIMEOUT_SECONDS", "2"),
+        ("SANDBOX_EXEC_TIMEOUT_SECONDS", "1"),
+        ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", "1"),
+    ])
+    .await;
+    let (s, _) = d
+        .json(
+            "POST",
+            "/api/sandboxes",
+            Some(create_body("long", "t", "u")),
+        )
+        .await;
+    assert_eq!(s, 200);
+    // 9 chunks 500 ms apart: 4 s, twice the idle timeout.
+    let resp = proxied_get(&d, "/api/sandboxes/long/proxy/slow?chunks=9&ms=500").await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(String::from_utf8_lossy(&text).lines().count(), 9);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (s, v) = d.json("GET", "/api/sandboxes/long", None).await;
+    assert_eq!(s, 200, "reaped right after its response ended: {v}");
+}
+
 /// Only the headers the replaced provisioner allowed come back from a
 /// sandbox (plus framing); the list is configurable.
 #[tokio::test]

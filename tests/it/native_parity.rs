@@ -218,6 +218,53 @@ async fn quiesce_waits_for_a_create_held_at_a_failpoint() {
     assert!(!d.state_dir.path().join("sandboxes/late").exists());
 }
 
+/// A download that lasts longer than the idle timeout marks activity when
+/// it ends, so the sandbox is not reaped the moment it finishes.
+#[tokio::test]
+async fn a_download_longer_than_the_idle_timeout_keeps_the_sandbox() {
+    if !privileged("a_download_longer_than_the_idle_timeout_keeps_the_sandbox") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(
+        &dirs,
+        &[
+            ("SANDBOX_IDLE_TIMEOUT_SECONDS", "2"),
+            ("SANDBOX_EXEC_TIMEOUT_SECONDS", "1"),
+            ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", "1"),
+        ],
+    );
+    create(&d, ephemeral("dl")).await;
+    let (_, code) = d.exec("dl", "truncate -s 64M /home/gem/big.bin").await;
+    assert_eq!(code, 0);
+    let resp = proxied(
+        &d,
+        "GET",
+        "/api/sandboxes/dl/proxy/v1/file/download?path=/home/gem/big.bin",
+        None,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    // Read at 16 MB/s: the download takes about 4 s, twice the idle timeout.
+    let mut body = resp.into_body();
+    let started = Instant::now();
+    let mut got = 0u64;
+    while let Some(f) = body.frame().await {
+        if let Ok(data) = f.unwrap().into_data() {
+            got += data.len() as u64;
+            let due = Duration::from_secs_f64(got as f64 / 16e6);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+    assert_eq!(got, 64 << 20);
+    assert!(started.elapsed() > Duration::from_secs(3));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (s, v) = d.json("GET", "/api/sandboxes/dl", None).await;
+    assert_eq!(s, 200, "reaped right after its download ended: {v}");
+}
+
 /// The agent's cap on a command follows `SANDBOX_EXEC_TIMEOUT_SECONDS`
 /// (minus the margin), lower or above the agent's old fixed 170 s.
 #[tokio::test]
