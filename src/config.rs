@@ -265,6 +265,13 @@ pub struct ProxyConfig {
     /// Response headers copied back from a sandbox (case-insensitive);
     /// every other one is dropped.
     pub response_headers: Vec<String>,
+    /// Longest wait for a sandbox's response head once the request body
+    /// is sent (default: the exec timeout + 30 s, so it never cuts an exec
+    /// the agent answers in time).
+    pub head_timeout_seconds: Option<u64>,
+    /// Longest pause between two parts of a response body coming from a
+    /// sandbox.
+    pub body_idle_timeout_seconds: u64,
 }
 
 impl Default for ProxyConfig {
@@ -274,6 +281,8 @@ impl Default for ProxyConfig {
                 .iter()
                 .map(|h| h.to_string())
                 .collect(),
+            head_timeout_seconds: None,
+            body_idle_timeout_seconds: 60,
         }
     }
 }
@@ -482,6 +491,8 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
     ("SANDBOXD_PROXY_RESPONSE_HEADERS", Setter::Text(|c, v| c.proxy.response_headers = split_list(&v))),
+    ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(c.proxy.head_timeout_seconds.get_or_insert(0), v))),
+    ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.proxy.body_idle_timeout_seconds, v))),
     ("SANDBOXD_DELETE_GRACE_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.delete_grace_seconds, v))),
 ];
 
@@ -610,6 +621,15 @@ impl Config {
         (cap * 1000.0).round() / 1000.0
     }
 
+    /// The proxy's response-head timeout: `[proxy] head_timeout_seconds`,
+    /// by default the exec timeout + 30 s (the agent answers an exec by the
+    /// exec timeout minus its margin, so a legitimate exec is never cut).
+    pub fn proxy_head_timeout_seconds(&self) -> u64 {
+        self.proxy
+            .head_timeout_seconds
+            .unwrap_or(self.exec_timeout_seconds + 30)
+    }
+
     /// The idle timeout after the contract's rule: `<= 0` disables the
     /// reaper; a timeout `<=` the exec timeout is raised to exec + 30.
     /// The second element is true when it was raised (the caller warns).
@@ -654,6 +674,12 @@ impl Config {
             ));
         }
         self.proxy.response_header_names()?;
+        if self.proxy_head_timeout_seconds() == 0 || self.proxy.body_idle_timeout_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "proxy.head_timeout_seconds and proxy.body_idle_timeout_seconds must be at least 1"
+                    .into(),
+            ));
+        }
         let l = &self.limits;
         if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
             return Err(ConfigError::Invalid(
@@ -932,6 +958,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("SANDBOXD_DELETE_GRACE_SECONDS"), "{e}");
+    }
+
+    #[test]
+    fn proxy_timeouts_default_file_and_env() {
+        let c = Config::default();
+        assert_eq!(c.proxy_head_timeout_seconds(), 210);
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 60);
+        let c = Config::load(None, &env(&[("SANDBOX_EXEC_TIMEOUT_SECONDS", "600")])).unwrap();
+        assert_eq!(c.proxy_head_timeout_seconds(), 630);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[proxy]\nhead_timeout_seconds = 100\nbody_idle_timeout_seconds = 20\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.proxy_head_timeout_seconds(), 100);
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 20);
+        let c = Config::load(
+            Some(&p),
+            &env(&[
+                ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", "7"),
+                ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", "8"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.proxy_head_timeout_seconds(), 7);
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 8);
+        c.validate().unwrap();
+        for name in [
+            "SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS",
+            "SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS",
+        ] {
+            let c = Config::load(None, &env(&[(name, "0")])).unwrap();
+            assert!(c.validate().is_err(), "{name}=0");
+        }
     }
 
     #[test]

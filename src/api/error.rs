@@ -22,6 +22,10 @@ pub enum ApiError {
     Lifecycle(#[from] LifecycleError),
     #[error("{0}")]
     BadGateway(String),
+    /// The sandbox did not send a response head within the proxy's head
+    /// timeout.
+    #[error("{0}")]
+    GatewayTimeout(String),
 }
 
 impl ApiError {
@@ -33,6 +37,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Lifecycle(e) => match e {
                 LifecycleError::Validation(_) | LifecycleError::IdentityMismatch(_) => {
                     StatusCode::BAD_REQUEST
@@ -62,6 +67,7 @@ impl ApiError {
             ApiError::TooLarge(_) => "too_large",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::BadGateway(_) => "bad_gateway",
+            ApiError::GatewayTimeout(_) => "gateway_timeout",
             ApiError::Lifecycle(e) => e.kind(),
         }
     }

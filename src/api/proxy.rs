@@ -7,7 +7,12 @@
 //! an old one. The proxy pin travels with the response body: a delete of the
 //! sandbox waits until the body has been sent, or until its grace runs out
 //! and it cancels the request (the response then ends with an error).
-//! Activity is marked when a request is admitted and again when its
+//!
+//! Timeouts, so a sandbox cannot hold a request (and so a delete, the
+//! reaper, quiesce or shutdown) forever: the response head must arrive
+//! within the head timeout once the request body is sent (504 otherwise),
+//! and a response body that pauses longer than the idle-body timeout is
+//! cut. Activity is marked when a request is admitted and again when its
 //! response ends.
 
 use std::future::Future;
@@ -65,21 +70,25 @@ pub struct ProxySettings {
     /// The only response headers copied back from a sandbox, besides
     /// `content-length` (framing).
     pub response_headers: Vec<HeaderName>,
+    /// Longest wait for the response head once the request body is sent.
+    pub head_timeout: Duration,
+    /// Longest pause between two frames of a response body.
+    pub body_idle_timeout: Duration,
 }
 
 impl ProxySettings {
-    pub fn from_config(
-        cfg: &crate::config::ProxyConfig,
-    ) -> Result<Self, crate::config::ConfigError> {
+    pub fn from_config(cfg: &crate::config::Config) -> Result<Self, crate::config::ConfigError> {
         Ok(ProxySettings {
-            response_headers: cfg.response_header_names()?,
+            response_headers: cfg.proxy.response_header_names()?,
+            head_timeout: Duration::from_secs(cfg.proxy_head_timeout_seconds()),
+            body_idle_timeout: Duration::from_secs(cfg.proxy.body_idle_timeout_seconds),
         })
     }
 }
 
 impl Default for ProxySettings {
     fn default() -> Self {
-        Self::from_config(&crate::config::ProxyConfig::default()).expect("valid default")
+        Self::from_config(&crate::config::Config::default()).expect("valid default")
     }
 }
 
@@ -157,7 +166,7 @@ impl tower_service::Service<Uri> for SandboxConnector {
     }
 }
 
-pub type ProxyClient = Client<SandboxConnector, Incoming>;
+pub type ProxyClient = Client<SandboxConnector, UpstreamBody>;
 
 pub fn client(lifecycle: Arc<Lifecycle>) -> ProxyClient {
     Client::builder(TokioExecutor::new())
@@ -167,34 +176,73 @@ pub fn client(lifecycle: Arc<Lifecycle>) -> ProxyClient {
         .build(SandboxConnector { lifecycle })
 }
 
+/// The request body sent to a sandbox: the client's, plus a signal when
+/// hyper is done with it (sent, failed or dropped): the head timeout runs
+/// from then, so a slow upload is not cut by it.
+pub struct UpstreamBody {
+    inner: Incoming,
+    sent: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl HttpBody for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            // Dropping the sender wakes the receiver.
+            self.sent.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Why a proxied response body ended early (the status line is out by
 /// then: the client sees an aborted response).
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     #[error("sandbox {0}: response cut: the sandbox is being deleted")]
     Cancelled(String),
+    #[error("sandbox {id}: response cut: no data for {secs} s")]
+    Idle { id: String, secs: u64 },
     #[error(transparent)]
     Upstream(#[from] hyper::Error),
 }
 
 /// A response body that keeps the sandbox pinned until it is finished (or
 /// dropped because the client went away), ends with an error when a
-/// delete cancels it, and marks activity when it ends.
+/// delete cancels it or when it stalls, and marks activity when it ends.
 struct PinnedBody {
     inner: Incoming,
     /// Taken when the response is over.
     pin: Option<ProxyPin>,
     lifecycle: Arc<Lifecycle>,
     cancelled: Pin<Box<dyn Future<Output = ()> + Send>>,
+    idle: Duration,
+    idle_timer: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl PinnedBody {
-    fn new(inner: Incoming, pin: ProxyPin, lifecycle: Arc<Lifecycle>) -> Self {
+    fn new(inner: Incoming, pin: ProxyPin, lifecycle: Arc<Lifecycle>, idle: Duration) -> Self {
         PinnedBody {
             inner,
             cancelled: Box::pin(pin.cancellation()),
             pin: Some(pin),
             lifecycle,
+            idle,
+            idle_timer: Box::pin(tokio::time::sleep(idle)),
         }
     }
 
@@ -236,7 +284,11 @@ impl HttpBody for PinnedBody {
             return Poll::Ready(Some(Err(StreamError::Cancelled(id))));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Ok(frame))) => {
+                let next = tokio::time::Instant::now() + this.idle;
+                this.idle_timer.as_mut().reset(next);
+                Poll::Ready(Some(Ok(frame)))
+            }
             Poll::Ready(Some(Err(e))) => {
                 this.finish();
                 Poll::Ready(Some(Err(e.into())))
@@ -245,7 +297,17 @@ impl HttpBody for PinnedBody {
                 this.finish();
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if this.idle_timer.as_mut().poll(cx).is_ready() {
+                    let id = this.id();
+                    this.finish();
+                    return Poll::Ready(Some(Err(StreamError::Idle {
+                        id,
+                        secs: this.idle.as_secs(),
+                    })));
+                }
+                Poll::Pending
+            }
         }
     }
 
@@ -322,9 +384,20 @@ pub async fn forward(
         .insert(header::HOST, HeaderValue::from_static("localhost"));
     parts.uri = uri;
     parts.version = http::Version::HTTP_11;
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+    let body = UpstreamBody {
+        inner: body,
+        sent: Some(sent_tx),
+    };
     let upstream_req = Request::from_parts(parts, body);
 
     let started = Instant::now();
+    let head_timeout = settings.head_timeout;
+    let head_deadline = async move {
+        // Resolves (with an error) when the request body is dropped.
+        let _ = sent_rx.await;
+        tokio::time::sleep(head_timeout).await;
+    };
     let resp = tokio::select! {
         r = client.request(upstream_req) => r.map_err(|e| {
             let mut msg = e.to_string();
@@ -335,6 +408,12 @@ pub async fn forward(
             }
             ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
         })?,
+        _ = head_deadline => {
+            return Err(ApiError::GatewayTimeout(format!(
+                "sandbox {id} did not answer within {} s",
+                head_timeout.as_secs()
+            )));
+        }
         _ = pin.cancellation() => {
             return Err(ApiError::BadGateway(format!(
                 "sandbox {id} unreachable: deleted while the request was in flight"
@@ -348,7 +427,7 @@ pub async fn forward(
 
     let (mut parts, body) = resp.into_parts();
     allowed_response_headers(&mut parts.headers, &settings.response_headers);
-    let body = PinnedBody::new(body, pin, lifecycle.clone())
+    let body = PinnedBody::new(body, pin, lifecycle.clone(), settings.body_idle_timeout)
         .map_err(|e| Box::new(e) as super::BoxError)
         .boxed_unsync();
     Ok(Response::from_parts(parts, body))

@@ -259,7 +259,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         l
     };
     let _reaper = lifecycle.spawn_reaper();
-    let proxy = api::proxy::ProxySettings::from_config(&cfg.proxy)?;
+    let proxy = api::proxy::ProxySettings::from_config(&cfg)?;
     let state = Arc::new(AppState::new(
         lifecycle.clone(),
         token,

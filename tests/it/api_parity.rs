@@ -135,6 +135,68 @@ async fn only_allowed_response_headers_come_back() {
     assert!(!h.contains_key("set-cookie"), "{h:?}");
 }
 
+/// A sandbox that never sends a response head gets the request answered
+/// 504 at the head timeout.
+#[tokio::test]
+async fn a_response_head_that_never_comes_is_a_504() {
+    let d = daemon_with_upstream(&[("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", "1")]).await;
+    d.json("POST", "/api/sandboxes", Some(create_body("hg", "t", "u")))
+        .await;
+    let started = Instant::now();
+    let (s, v) = tokio::time::timeout(
+        Duration::from_secs(10),
+        d.json("GET", "/api/sandboxes/hg/proxy/hang", None),
+    )
+    .await
+    .expect("no answer within 10 s");
+    assert_eq!(s, 504, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("did not answer"),
+        "{v}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The sandbox is fine and its delete does not wait.
+    let (s, _) = d.json("GET", "/api/sandboxes/hg/proxy/echo", None).await;
+    assert_eq!(s, 200);
+    let (s, _) = tokio::time::timeout(
+        Duration::from_secs(5),
+        d.json("DELETE", "/api/sandboxes/hg", None),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 200);
+}
+
+/// A response body that stops flowing is cut at the idle-body timeout.
+#[tokio::test]
+async fn a_stalled_response_body_is_cut() {
+    let d = daemon_with_upstream(&[("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", "1")]).await;
+    d.json("POST", "/api/sandboxes", Some(create_body("st", "t", "u")))
+        .await;
+    // One chunk, then 60 s of silence.
+    let resp = proxied_get(&d, "/api/sandboxes/st/proxy/slow?chunks=2&ms=60000").await;
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"chunk0\n");
+    let started = Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the stalled body was not cut within 10 s");
+    assert!(
+        !matches!(next, Some(Ok(ref f)) if f.is_data()),
+        "got data after the stall: {next:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Ended without a stall: nothing pinned any more.
+    let (s, _) = tokio::time::timeout(
+        Duration::from_secs(5),
+        d.json("DELETE", "/api/sandboxes/st", None),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 200);
+}
+
 /// A delete waits for in-flight requests at most the grace period, then
 /// cancels their bodies, even one the client is not reading; requests for
 /// other sandboxes are served meanwhile.
