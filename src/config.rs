@@ -367,6 +367,9 @@ pub struct Config {
     /// How long a delete waits for in-flight proxied requests of its
     /// sandbox before it cancels them.
     pub delete_grace_seconds: u64,
+    /// How long stopping every sandbox at shutdown may take in all
+    /// (`stop_sandboxes_on_exit`).
+    pub stop_timeout_seconds: u64,
     pub log_format: LogFormat,
     /// Tokio worker threads of the daemon (`SANDBOXD_WORKER_THREADS`; none:
     /// one per CPU). Environment only.
@@ -411,6 +414,7 @@ impl Default for Config {
             stop_sandboxes_on_exit: false,
             shutdown_grace_seconds: 20,
             delete_grace_seconds: 10,
+            stop_timeout_seconds: 60,
             log_format: LogFormat::Text,
             worker_threads: None,
             memory_create_delay_ms: 0,
@@ -494,6 +498,7 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(c.proxy.head_timeout_seconds.get_or_insert(0), v))),
     ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.proxy.body_idle_timeout_seconds, v))),
     ("SANDBOXD_DELETE_GRACE_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.delete_grace_seconds, v))),
+    ("SANDBOXD_STOP_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.stop_timeout_seconds, v))),
 ];
 
 /// A comma-separated list, blank items dropped.
@@ -678,6 +683,11 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "proxy.head_timeout_seconds and proxy.body_idle_timeout_seconds must be at least 1"
                     .into(),
+            ));
+        }
+        if self.stop_timeout_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "stop_timeout_seconds must be at least 1".into(),
             ));
         }
         let l = &self.limits;
@@ -995,6 +1005,20 @@ mod tests {
             let c = Config::load(None, &env(&[(name, "0")])).unwrap();
             assert!(c.validate().is_err(), "{name}=0");
         }
+    }
+
+    #[test]
+    fn stop_timeout_default_file_and_env() {
+        assert_eq!(Config::default().stop_timeout_seconds, 60);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "stop_timeout_seconds = 40\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.stop_timeout_seconds, 40);
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_STOP_TIMEOUT_SECONDS", "5")])).unwrap();
+        assert_eq!(c.stop_timeout_seconds, 5);
+        let c = Config::load(None, &env(&[("SANDBOXD_STOP_TIMEOUT_SECONDS", "0")])).unwrap();
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tracing::{info, warn, Instrument};
 
@@ -29,6 +30,9 @@ mod locks;
 mod tests;
 
 pub use locks::{IdLocks, ProxyGuard};
+
+/// How many deletes `stop_all` runs at once.
+pub const STOP_CONCURRENCY: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -80,6 +84,8 @@ pub struct Settings {
     /// How long a delete waits for in-flight proxy requests of its sandbox
     /// before it cancels them.
     pub delete_grace: Duration,
+    /// How long `stop_all` (shutdown) may take in all.
+    pub stop_timeout: Duration,
 }
 
 /// One tracked incarnation. Activity is a touch counter plus a timestamp so
@@ -589,18 +595,40 @@ impl Lifecycle {
         }
     }
 
-    /// Deletes every tracked sandbox (daemon shutdown when configured).
-    pub async fn stop_all(&self) {
+    /// Deletes every tracked sandbox (daemon shutdown when configured):
+    /// [`STOP_CONCURRENCY`] at a time, each within its delete grace, all
+    /// within the stop timeout (the rest is left running and adopted at the
+    /// next start). Returns how many were deleted.
+    pub async fn stop_all(&self) -> usize {
         let ids: Vec<(String, String)> = self
             .table()
             .values()
             .map(|t| (t.record.sandbox_id.clone(), t.record.generation.clone()))
             .collect();
-        for (id, generation) in ids {
-            if let Err(e) = self.delete_inner(&id, Some(&generation), None).await {
-                warn!(sandbox_id = %id, error = %e, "stop on exit failed");
-            }
+        let total = ids.len();
+        let deleted = AtomicUsize::new(0);
+        let deleted = &deleted;
+        let work = futures_util::stream::iter(ids)
+            .map(|(id, generation)| async move {
+                match self.delete_inner(&id, Some(&generation), None).await {
+                    Ok(_) => {
+                        deleted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => warn!(sandbox_id = %id, error = %e, "stop on exit failed"),
+                }
+            })
+            .buffer_unordered(STOP_CONCURRENCY)
+            .collect::<Vec<()>>();
+        let timeout = self.settings.stop_timeout;
+        if tokio::time::timeout(timeout, work).await.is_err() {
+            warn!(
+                timeout_s = timeout.as_secs(),
+                deleted = deleted.load(Ordering::SeqCst),
+                left = total - deleted.load(Ordering::SeqCst),
+                "stop on exit: deadline reached; the rest keep running and are adopted at the next start"
+            );
         }
+        deleted.load(Ordering::SeqCst)
     }
 
     /// Snapshot for the reaper.

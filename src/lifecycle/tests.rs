@@ -16,6 +16,7 @@ fn settings(idle: Option<Duration>) -> Settings {
         global_env: BTreeMap::new(),
         limits: Limits::default(),
         delete_grace: Duration::from_secs(10),
+        stop_timeout: Duration::from_secs(10),
     }
 }
 
@@ -228,6 +229,43 @@ async fn delete_cancels_pins_after_the_grace() {
     assert!(!other.is_cancelled());
     drop(stuck);
     assert!(matches!(lc.pin("s1").await, Err(LifecycleError::NotFound)));
+}
+
+#[tokio::test]
+async fn stop_all_deletes_concurrently_within_the_deadline() {
+    let mut s = settings(None);
+    s.delete_grace = Duration::from_millis(300);
+    s.stop_timeout = Duration::from_secs(5);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    let mut pins = Vec::new();
+    for i in 0..10 {
+        let id = format!("s{i}");
+        lc.create(req(&id, "t")).await.unwrap();
+        pins.push(lc.pin(&id).await.unwrap());
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(lc.stop_all().await, 10);
+    // Two rounds of 8 at most, each one grace long; one after the other
+    // would take 10 graces.
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(lc.tracked_count(), 0);
+
+    // The overall deadline wins over a longer grace.
+    let mut s = settings(None);
+    s.delete_grace = Duration::from_secs(60);
+    s.stop_timeout = Duration::from_millis(300);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    lc.create(req("held", "t")).await.unwrap();
+    let _pin = lc.pin("held").await.unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(lc.stop_all().await, 0);
+    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[tokio::test]

@@ -255,3 +255,63 @@ async fn delete_cancels_stuck_streams_after_the_grace() {
     let (s, _) = d.json("GET", "/api/sandboxes/other", None).await;
     assert_eq!(s, 200);
 }
+
+/// On SIGTERM with `stop_sandboxes_on_exit`, the sandboxes are deleted
+/// concurrently (each within its grace period) and the daemon exits well
+/// within the unit's stop timeout; with a stop deadline shorter than the
+/// grace, the deadline wins.
+#[tokio::test]
+async fn sigterm_stops_sandboxes_concurrently_within_the_deadline() {
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), "shutdown_grace_seconds = 1\n").unwrap();
+    let cfg = config.path().to_str().unwrap();
+    for (grace, stop_timeout, within) in [("2", "60", 7), ("30", "2", 6)] {
+        let mut d = daemon_with_upstream(&[
+            ("SANDBOXD_CONFIG", cfg),
+            ("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true"),
+            ("SANDBOXD_DELETE_GRACE_SECONDS", grace),
+            ("SANDBOXD_STOP_TIMEOUT_SECONDS", stop_timeout),
+        ])
+        .await;
+        // Eight sandboxes, each with a download nobody reads.
+        let mut held = Vec::new();
+        for i in 0..8 {
+            let id = format!("s{i}");
+            let (s, _) = d
+                .json("POST", "/api/sandboxes", Some(create_body(&id, "t", "u")))
+                .await;
+            assert_eq!(s, 200);
+            let r = proxied_get(
+                &d,
+                &format!("/api/sandboxes/{id}/proxy/download?bytes=10000000000"),
+            )
+            .await;
+            assert_eq!(r.status(), 200);
+            held.push(r);
+        }
+        let started = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(d.pid() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let end = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = d.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < end,
+                "grace {grace}, stop timeout {stop_timeout}: the daemon did not exit within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let took = started.elapsed();
+        assert!(status.success(), "{status:?}");
+        assert!(
+            took < Duration::from_secs(within),
+            "grace {grace}, stop timeout {stop_timeout}: exit took {took:?}"
+        );
+        drop(held);
+    }
+}

@@ -440,3 +440,65 @@ async fn delete_cancels_a_stuck_download_after_the_grace() {
     assert_eq!(v["count"], 1, "{v}");
     assert!(cgroup_dirs(&dirs.cgroup_parent, Some("big")).is_empty());
 }
+
+/// SIGTERM with `stop_sandboxes_on_exit` stops every sandbox, each with a
+/// download nobody reads, concurrently and in time.
+#[tokio::test]
+async fn sigterm_stops_sandboxes_with_stuck_downloads_in_time() {
+    if !privileged("sigterm_stops_sandboxes_with_stuck_downloads_in_time") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let config = dirs.root.path().join("config.toml");
+    std::fs::write(&config, "shutdown_grace_seconds = 1\n").unwrap();
+    let mut d = Daemon::start_native(
+        &dirs,
+        &[
+            ("SANDBOXD_CONFIG", config.to_str().unwrap()),
+            ("SANDBOXD_DELETE_GRACE_SECONDS", "2"),
+        ],
+    );
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let id = format!("stop{i}");
+        create(&d, ephemeral(&id)).await;
+        let (_, code) = d.exec(&id, "truncate -s 50G /home/gem/huge.bin").await;
+        assert_eq!(code, 0);
+        let resp = proxied(
+            &d,
+            "GET",
+            &format!("/api/sandboxes/{id}/proxy/v1/file/download?path=/home/gem/huge.bin"),
+            None,
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        held.push(resp);
+    }
+    let started = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "the daemon did not exit within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(10), || sandbox_pids(&dirs).is_empty()),
+        "sandbox processes left: {:?}",
+        sandbox_pids(&dirs)
+    );
+    d.kill();
+}
