@@ -223,6 +223,20 @@ impl IdLocks {
         }
     }
 
+    /// Like [`exclusive`](Self::exclusive) but never cancels anything:
+    /// `None` when requests are still in flight after `within` (new ones
+    /// waited meanwhile and go on).
+    pub async fn exclusive_within(slot: &SlotRef<'_>, within: Duration) -> Option<Exclusive> {
+        let slot = slot.slot.as_ref().expect("slot present while referenced");
+        let guard = tokio::time::timeout(within, slot.pins.clone().write_owned())
+            .await
+            .ok()?;
+        Some(Exclusive {
+            _guard: guard,
+            cancelled: 0,
+        })
+    }
+
     /// Pins `id` for a proxy request (waits while a delete holds it).
     pub async fn pin(self: &Arc<Self>, id: &str) -> ProxyGuard {
         let slot = self.acquire(id);

@@ -429,16 +429,39 @@ impl Lifecycle {
             if check(self)?.is_none() {
                 return Ok(false);
             }
-            // Wait for in-flight proxy requests (at most the grace, then
-            // they are cancelled); block new ones.
-            let _excl = self.exclusive(&slot).await;
+            let touched = |lc: &Self, seen: u64| {
+                let now = lc.table().get(id).map(|t| t.touches);
+                let touched = now != Some(seen);
+                if touched {
+                    info!("sandbox was touched after the reaper looked; kept");
+                }
+                touched
+            };
+            // Wait for in-flight proxy requests; block new ones. A delete
+            // cancels them after the grace; the reaper never does: a
+            // request in flight means the sandbox is not idle, so it keeps
+            // the sandbox instead.
+            let _excl = match unless_touched {
+                None => self.exclusive(&slot).await,
+                Some(seen) => {
+                    if touched(self, seen) {
+                        return Ok(false);
+                    }
+                    let grace = self.settings.delete_grace;
+                    match IdLocks::exclusive_within(&slot, grace).await {
+                        Some(x) => x,
+                        None => {
+                            info!("a proxied request is in flight; kept");
+                            return Ok(false);
+                        }
+                    }
+                }
+            };
             let Some(record) = check(self)? else {
                 return Ok(false);
             };
             if let Some(seen) = unless_touched {
-                let now = self.table().get(id).map(|t| t.touches);
-                if now != Some(seen) {
-                    info!("sandbox was touched after the reaper looked; kept");
+                if touched(self, seen) {
                     return Ok(false);
                 }
             }

@@ -213,6 +213,31 @@ async fn a_sandbox_serving_a_request_is_not_reaped() {
 }
 
 #[tokio::test]
+async fn the_reaper_never_cancels_a_request() {
+    let mut s = settings(Some(Duration::from_secs(1000)));
+    s.delete_grace = Duration::from_millis(200);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    lc.create(req("s1", "t")).await.unwrap();
+    // Admitted after the reaper looked: kept at once, not cut.
+    let obs = lc.observe().pop().unwrap();
+    let pin = lc.pin("s1").await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(!lc.reap(&obs).await.unwrap());
+    assert!(started.elapsed() < Duration::from_millis(150));
+    assert!(!pin.is_cancelled());
+    // Even when the touch went unnoticed, it gives up after the grace
+    // rather than cancelling.
+    let obs = lc.observe().pop().unwrap();
+    assert_eq!(obs.inflight, 1);
+    assert!(!lc.reap(&obs).await.unwrap());
+    assert!(!pin.is_cancelled(), "the reaper cancelled a request");
+    drop(pin);
+    let obs = lc.observe().pop().unwrap();
+    assert!(lc.reap(&obs).await.unwrap());
+}
+
+#[tokio::test]
 async fn delete_cancels_pins_after_the_grace() {
     let mut s = settings(None);
     s.delete_grace = Duration::from_millis(200);
