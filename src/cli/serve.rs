@@ -173,14 +173,19 @@ fn notify(notifier: Option<&Notifier>, state: &str) {
     }
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers at once (a signal that arrives
+/// before the returned future is polled is kept, not fatal) and returns a
+/// future that resolves on the first of them.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = int.recv() => info!("SIGINT received"),
-    }
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM received"),
+            _ = int.recv() => info!("SIGINT received"),
+        }
+    })
 }
 
 async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
@@ -267,6 +272,10 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         }
         l
     };
+    // Before READY=1: systemd may send SIGTERM right after it, and without
+    // a handler the default action would kill the daemon without a
+    // graceful stop.
+    let signalled = shutdown_signal()?;
     let _reaper = lifecycle.spawn_reaper();
     let proxy = api::proxy::ProxySettings::from_config(&cfg)?;
     let state = Arc::new(AppState::new(
@@ -286,7 +295,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         ),
     );
     let shutdown = async {
-        shutdown_signal().await;
+        signalled.await;
         notify(notifier.as_ref(), "STOPPING=1\nSTATUS=stopping");
     };
     api::serve(
