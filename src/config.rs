@@ -300,6 +300,64 @@ impl Default for NativeConfig {
     }
 }
 
+/// The response headers a sandbox may set on what the platform receives
+/// (the replaced provisioner's allow-list); `content-length` is always
+/// kept (framing) and hop-by-hop headers are always dropped.
+pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-disposition",
+    "cache-control",
+    "etag",
+    "last-modified",
+];
+
+/// Settings of the streaming proxy (`[proxy]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Response headers copied back from a sandbox (case-insensitive);
+    /// every other one is dropped.
+    pub response_headers: Vec<String>,
+    /// Longest wait for a sandbox's response head once the request body
+    /// is sent (default: the exec timeout + 30 s, so it never cuts an exec
+    /// the agent answers in time).
+    pub head_timeout_seconds: Option<u64>,
+    /// Longest pause between two parts of a response body coming from a
+    /// sandbox.
+    pub body_idle_timeout_seconds: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            response_headers: DEFAULT_PROXY_RESPONSE_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            head_timeout_seconds: None,
+            body_idle_timeout_seconds: 60,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The allowed response headers as header names (lower-cased).
+    pub fn response_header_names(&self) -> Result<Vec<http::HeaderName>, ConfigError> {
+        self.response_headers
+            .iter()
+            .map(|h| {
+                http::HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes()).map_err(
+                    |_| {
+                        ConfigError::Invalid(format!(
+                            "proxy.response_headers: {h:?} is not a header name"
+                        ))
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
 /// Settings of the Kubernetes backend.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -470,6 +528,12 @@ pub struct Config {
     /// Stop every sandbox when the daemon exits (default: leave them running).
     pub stop_sandboxes_on_exit: bool,
     pub shutdown_grace_seconds: u64,
+    /// How long a delete waits for in-flight proxied requests of its
+    /// sandbox before it cancels them.
+    pub delete_grace_seconds: u64,
+    /// How long stopping every sandbox at shutdown may take in all
+    /// (`stop_sandboxes_on_exit`).
+    pub stop_timeout_seconds: u64,
     pub log_format: LogFormat,
     /// Tokio worker threads of the daemon (`SANDBOXD_WORKER_THREADS`; none:
     /// one per CPU). Environment only.
@@ -488,6 +552,7 @@ pub struct Config {
     pub native: NativeConfig,
     pub kubernetes: KubeConfig,
     pub network: NetworkConfig,
+    pub proxy: ProxyConfig,
 }
 
 impl Default for Config {
@@ -514,6 +579,8 @@ impl Default for Config {
             memory_url_template: "http://127.0.0.1:8080".to_string(),
             stop_sandboxes_on_exit: false,
             shutdown_grace_seconds: 20,
+            delete_grace_seconds: 10,
+            stop_timeout_seconds: 60,
             log_format: LogFormat::Text,
             worker_threads: None,
             memory_create_delay_ms: 0,
@@ -522,6 +589,7 @@ impl Default for Config {
             native: NativeConfig::default(),
             kubernetes: KubeConfig::default(),
             network: NetworkConfig::default(),
+            proxy: ProxyConfig::default(),
         }
     }
 }
@@ -604,6 +672,11 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_NETWORK_RESOLV_CONF", Setter::Text(|c, v| c.network.resolv_conf = v.into())),
     ("SANDBOXD_NETWORK_TABLE", Setter::Text(|c, v| c.network.table = v)),
     ("SANDBOXD_NETWORK_LINK_PREFIX", Setter::Text(|c, v| c.network.link_prefix = v)),
+    ("SANDBOXD_PROXY_RESPONSE_HEADERS", Setter::Text(|c, v| c.proxy.response_headers = split_list(&v))),
+    ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(c.proxy.head_timeout_seconds.get_or_insert(0), v))),
+    ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.proxy.body_idle_timeout_seconds, v))),
+    ("SANDBOXD_DELETE_GRACE_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.delete_grace_seconds, v))),
+    ("SANDBOXD_STOP_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.stop_timeout_seconds, v))),
 ];
 
 /// A comma- or white-space-separated list (empty entries dropped).
@@ -723,6 +796,26 @@ impl Config {
         Ok(addr)
     }
 
+    /// The longest a command may run in a sandbox, passed to its agent
+    /// (`--exec-cap-seconds`): the exec timeout minus a margin of 10 % (at
+    /// most 10 s; 180 gives 170), so the agent kills a command and answers
+    /// before a client waiting the exec timeout gives up. Millisecond
+    /// precision.
+    pub fn agent_exec_cap_seconds(&self) -> f64 {
+        let t = self.exec_timeout_seconds as f64;
+        let cap = t - (t * 0.1).min(10.0);
+        (cap * 1000.0).round() / 1000.0
+    }
+
+    /// The proxy's response-head timeout: `[proxy] head_timeout_seconds`,
+    /// by default the exec timeout + 30 s (the agent answers an exec by the
+    /// exec timeout minus its margin, so a legitimate exec is never cut).
+    pub fn proxy_head_timeout_seconds(&self) -> u64 {
+        self.proxy
+            .head_timeout_seconds
+            .unwrap_or(self.exec_timeout_seconds + 30)
+    }
+
     /// The idle timeout after the contract's rule: `<= 0` disables the
     /// reaper; a timeout `<=` the exec timeout is raised to exec + 30.
     /// The second element is true when it was raised (the caller warns).
@@ -755,9 +848,27 @@ impl Config {
                 "health_timeout_seconds must be at least 1".into(),
             ));
         }
+        if self.exec_timeout_seconds == 0 || self.exec_timeout_seconds > 86_400 {
+            return Err(ConfigError::Invalid(
+                "exec_timeout_seconds must be in 1..=86400 (it bounds every command in a sandbox)"
+                    .into(),
+            ));
+        }
         if self.idle_check_interval_seconds == 0 {
             return Err(ConfigError::Invalid(
                 "idle_check_interval_seconds must be at least 1".into(),
+            ));
+        }
+        self.proxy.response_header_names()?;
+        if self.proxy_head_timeout_seconds() == 0 || self.proxy.body_idle_timeout_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "proxy.head_timeout_seconds and proxy.body_idle_timeout_seconds must be at least 1"
+                    .into(),
+            ));
+        }
+        if self.stop_timeout_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "stop_timeout_seconds must be at least 1".into(),
             ));
         }
         let l = &self.limits;
@@ -986,6 +1097,123 @@ mod tests {
         assert_eq!(c.effective_idle_timeout(), (None, false));
         c.idle_timeout_seconds = -5;
         assert_eq!(c.effective_idle_timeout(), (None, false));
+    }
+
+    #[test]
+    fn proxy_response_headers_default_file_and_env() {
+        let c = Config::default();
+        let names: Vec<String> = c
+            .proxy
+            .response_header_names()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_string())
+            .collect();
+        assert_eq!(names, DEFAULT_PROXY_RESPONSE_HEADERS);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[proxy]\nresponse_headers = [\"Content-Type\", \"X-Trace\"]\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        let names = c.proxy.response_header_names().unwrap();
+        assert_eq!(names, ["content-type", "x-trace"]);
+        let c = Config::load(
+            Some(&p),
+            &env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", " etag ,, x-a")]),
+        )
+        .unwrap();
+        assert_eq!(c.proxy.response_headers, ["etag", "x-a"]);
+        let c = Config::load(
+            None,
+            &env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", "bad header")]),
+        )
+        .unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("bad header"));
+    }
+
+    #[test]
+    fn delete_grace_default_file_and_env() {
+        assert_eq!(Config::default().delete_grace_seconds, 10);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "delete_grace_seconds = 3\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.delete_grace_seconds, 3);
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_DELETE_GRACE_SECONDS", "0")])).unwrap();
+        assert_eq!(c.delete_grace_seconds, 0);
+        c.validate().unwrap();
+        let e = Config::load(None, &env(&[("SANDBOXD_DELETE_GRACE_SECONDS", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SANDBOXD_DELETE_GRACE_SECONDS"), "{e}");
+    }
+
+    #[test]
+    fn proxy_timeouts_default_file_and_env() {
+        let c = Config::default();
+        assert_eq!(c.proxy_head_timeout_seconds(), 210);
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 60);
+        let c = Config::load(None, &env(&[("SANDBOX_EXEC_TIMEOUT_SECONDS", "600")])).unwrap();
+        assert_eq!(c.proxy_head_timeout_seconds(), 630);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[proxy]\nhead_timeout_seconds = 100\nbody_idle_timeout_seconds = 20\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.proxy_head_timeout_seconds(), 100);
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 20);
+        let c = Config::load(
+            Some(&p),
+            &env(&[
+                ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", "7"),
+                ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", "8"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.proxy_head_timeout_seconds(), 7);
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 8);
+        c.validate().unwrap();
+        for name in [
+            "SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS",
+            "SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS",
+        ] {
+            let c = Config::load(None, &env(&[(name, "0")])).unwrap();
+            assert!(c.validate().is_err(), "{name}=0");
+        }
+    }
+
+    #[test]
+    fn stop_timeout_default_file_and_env() {
+        assert_eq!(Config::default().stop_timeout_seconds, 60);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "stop_timeout_seconds = 40\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.stop_timeout_seconds, 40);
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_STOP_TIMEOUT_SECONDS", "5")])).unwrap();
+        assert_eq!(c.stop_timeout_seconds, 5);
+        let c = Config::load(None, &env(&[("SANDBOXD_STOP_TIMEOUT_SECONDS", "0")])).unwrap();
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn the_agent_exec_cap_follows_the_exec_timeout() {
+        let mut c = Config::default();
+        assert_eq!(c.agent_exec_cap_seconds(), 170.0);
+        for (timeout, cap) in [(6, 5.4), (1, 0.9), (60, 54.0), (260, 250.0), (3600, 3590.0)] {
+            c.exec_timeout_seconds = timeout;
+            assert_eq!(c.agent_exec_cap_seconds(), cap, "{timeout}");
+        }
+        c.exec_timeout_seconds = 0;
+        assert!(c.validate().is_err());
+        c.exec_timeout_seconds = 86_401;
+        assert!(c.validate().is_err());
     }
 
     #[test]

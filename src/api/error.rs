@@ -25,6 +25,10 @@ pub enum ApiError {
     /// A 404 with its own explanation (the route exists).
     #[error("{0}")]
     NotFoundDetail(String),
+    /// The sandbox did not send a response head within the proxy's head
+    /// timeout.
+    #[error("{0}")]
+    GatewayTimeout(String),
 }
 
 impl ApiError {
@@ -37,6 +41,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::NotFoundDetail(_) => StatusCode::NOT_FOUND,
+            ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Lifecycle(e) => match e {
                 LifecycleError::Validation(_) | LifecycleError::IdentityMismatch(_) => {
                     StatusCode::BAD_REQUEST
@@ -67,6 +72,7 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::BadGateway(_) => "bad_gateway",
             ApiError::NotFoundDetail(_) => "not_found",
+            ApiError::GatewayTimeout(_) => "gateway_timeout",
             ApiError::Lifecycle(e) => e.kind(),
         }
     }

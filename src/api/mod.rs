@@ -37,10 +37,16 @@ pub struct AppState {
     pub client: proxy::ProxyClient,
     /// Connections that have not authenticated yet (capped, see [`conns`]).
     pub unauth: conns::UnauthConns,
+    pub proxy: proxy::ProxySettings,
 }
 
 impl AppState {
-    pub fn new(lifecycle: Arc<Lifecycle>, token: auth::Token, public_url: String) -> Self {
+    pub fn new(
+        lifecycle: Arc<Lifecycle>,
+        token: auth::Token,
+        public_url: String,
+        proxy: proxy::ProxySettings,
+    ) -> Self {
         let client = proxy::client(lifecycle.clone());
         AppState {
             lifecycle,
@@ -48,6 +54,7 @@ impl AppState {
             public_url,
             client,
             unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
+            proxy,
         }
     }
 }

@@ -5,7 +5,15 @@
 //! backend through [`SandboxConnector`] and are kept alive in a pool keyed by
 //! sandbox *incarnation*, so a new generation never reuses a connection to
 //! an old one. The proxy pin travels with the response body: a delete of the
-//! sandbox waits until the body has been sent.
+//! sandbox waits until the body has been sent, or until its grace runs out
+//! and it cancels the request (the response then ends with an error).
+//!
+//! Timeouts, so a sandbox cannot hold a request (and so a delete, the
+//! reaper, quiesce or shutdown) forever: the response head must arrive
+//! within the head timeout once the request body is sent (504 otherwise),
+//! and a response body that pauses longer than the idle-body timeout is
+//! cut. Activity is marked when a request is admitted and again when its
+//! response ends.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,7 +53,8 @@ const DROP_REQUEST: [&str; 11] = [
     "host",
 ];
 
-/// Response headers never copied back (hop-by-hop).
+/// Response headers never copied back (hop-by-hop), whatever the
+/// allow-list says.
 const DROP_RESPONSE: [&str; 8] = [
     "connection",
     "keep-alive",
@@ -56,6 +65,51 @@ const DROP_RESPONSE: [&str; 8] = [
     "transfer-encoding",
     "upgrade",
 ];
+
+/// How the proxy treats responses (from `[proxy]` in the configuration).
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// The only response headers copied back from a sandbox, besides
+    /// `content-length` (framing).
+    pub response_headers: Vec<HeaderName>,
+    /// Longest wait for the response head once the request body is sent.
+    pub head_timeout: Duration,
+    /// Longest pause between two frames of a response body.
+    pub body_idle_timeout: Duration,
+}
+
+impl ProxySettings {
+    pub fn from_config(cfg: &crate::config::Config) -> Result<Self, crate::config::ConfigError> {
+        Ok(ProxySettings {
+            response_headers: cfg.proxy.response_header_names()?,
+            head_timeout: Duration::from_secs(cfg.proxy_head_timeout_seconds()),
+            body_idle_timeout: Duration::from_secs(cfg.proxy.body_idle_timeout_seconds),
+        })
+    }
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self::from_config(&crate::config::Config::default()).expect("valid default")
+    }
+}
+
+/// Keeps only the allowed response headers (and `content-length`): a
+/// sandbox must not set `Set-Cookie`, `Location` or anything else on a
+/// response the platform receives.
+fn allowed_response_headers(headers: &mut HeaderMap, allowed: &[HeaderName]) {
+    filter_headers(headers, &DROP_RESPONSE);
+    let mut kept = HeaderMap::with_capacity(allowed.len() + 1);
+    for name in allowed
+        .iter()
+        .chain(std::iter::once(&header::CONTENT_LENGTH))
+    {
+        for v in headers.get_all(name) {
+            kept.append(name.clone(), v.clone());
+        }
+    }
+    *headers = kept;
+}
 
 /// Opens upstream connections for the pool. The URI authority names the
 /// incarnation: `<hex(sandbox_id)>.<generation>.sandbox` (hex because pool
@@ -114,7 +168,7 @@ impl tower_service::Service<Uri> for SandboxConnector {
     }
 }
 
-pub type ProxyClient = Client<SandboxConnector, Incoming>;
+pub type ProxyClient = Client<SandboxConnector, UpstreamBody>;
 
 pub fn client(lifecycle: Arc<Lifecycle>) -> ProxyClient {
     Client::builder(TokioExecutor::new())
@@ -124,14 +178,15 @@ pub fn client(lifecycle: Arc<Lifecycle>) -> ProxyClient {
         .build(SandboxConnector { lifecycle })
 }
 
-/// A response body that keeps the sandbox pinned until it is finished (or
-/// dropped because the client went away).
-struct PinnedBody {
+/// The request body sent to a sandbox: the client's, plus a signal when
+/// hyper is done with it (sent, failed or dropped): the head timeout runs
+/// from then, so a slow upload is not cut by it.
+pub struct UpstreamBody {
     inner: Incoming,
-    _pin: ProxyPin,
+    sent: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-impl HttpBody for PinnedBody {
+impl HttpBody for UpstreamBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -139,7 +194,12 @@ impl HttpBody for PinnedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            // Dropping the sender wakes the receiver.
+            self.sent.take();
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -148,6 +208,123 @@ impl HttpBody for PinnedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// Why a proxied response body ended early (the status line is out by
+/// then: the client sees an aborted response).
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("sandbox {0}: response cut: the sandbox is being deleted")]
+    Cancelled(String),
+    #[error("sandbox {id}: response cut: no data for {secs} s")]
+    Idle { id: String, secs: u64 },
+    #[error(transparent)]
+    Upstream(#[from] hyper::Error),
+}
+
+/// A response body that keeps the sandbox pinned until it is finished (or
+/// dropped because the client went away), ends with an error when a
+/// delete cancels it or when it stalls, and marks activity when it ends.
+struct PinnedBody {
+    inner: Incoming,
+    /// Taken when the response is over.
+    pin: Option<ProxyPin>,
+    lifecycle: Arc<Lifecycle>,
+    cancelled: Pin<Box<dyn Future<Output = ()> + Send>>,
+    idle: Duration,
+    idle_timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl PinnedBody {
+    fn new(inner: Incoming, pin: ProxyPin, lifecycle: Arc<Lifecycle>, idle: Duration) -> Self {
+        PinnedBody {
+            inner,
+            cancelled: Box::pin(pin.cancellation()),
+            pin: Some(pin),
+            lifecycle,
+            idle,
+            idle_timer: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    fn id(&self) -> String {
+        self.pin
+            .as_ref()
+            .map(|p| p.record.sandbox_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// The response is over (ended, failed, cut or dropped): marks activity
+    /// unless a delete cancelled it, and releases the pin.
+    fn finish(&mut self) {
+        if let Some(pin) = self.pin.take() {
+            if !pin.is_cancelled() {
+                let r = &pin.record;
+                self.lifecycle
+                    .touch_generation(&r.sandbox_id, &r.generation);
+            }
+        }
+    }
+}
+
+impl HttpBody for PinnedBody {
+    type Data = Bytes;
+    type Error = StreamError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
+        let this = &mut *self;
+        if this.pin.is_none() {
+            return Poll::Ready(None);
+        }
+        if this.cancelled.as_mut().poll(cx).is_ready() {
+            let id = this.id();
+            this.finish();
+            return Poll::Ready(Some(Err(StreamError::Cancelled(id))));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let next = tokio::time::Instant::now() + this.idle;
+                this.idle_timer.as_mut().reset(next);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish();
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                this.finish();
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.idle_timer.as_mut().poll(cx).is_ready() {
+                    let id = this.id();
+                    this.finish();
+                    return Poll::Ready(Some(Err(StreamError::Idle {
+                        id,
+                        secs: this.idle.as_secs(),
+                    })));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pin.is_none() || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PinnedBody {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -175,6 +352,7 @@ fn filter_headers(headers: &mut HeaderMap, drop: &[&str]) {
 pub async fn forward(
     lifecycle: &Arc<Lifecycle>,
     client: &ProxyClient,
+    settings: &ProxySettings,
     id: &str,
     rest: &str,
     req: Request<Incoming>,
@@ -221,31 +399,52 @@ pub async fn forward(
     }
     parts.uri = uri;
     parts.version = http::Version::HTTP_11;
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+    let body = UpstreamBody {
+        inner: body,
+        sent: Some(sent_tx),
+    };
     let upstream_req = Request::from_parts(parts, body);
 
     let started = Instant::now();
-    let resp = client.request(upstream_req).await.map_err(|e| {
-        let mut msg = e.to_string();
-        let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
-        while let Some(s) = src {
-            msg = format!("{msg}: {s}");
-            src = s.source();
+    let head_timeout = settings.head_timeout;
+    let head_deadline = async move {
+        // Resolves (with an error) when the request body is dropped.
+        let _ = sent_rx.await;
+        tokio::time::sleep(head_timeout).await;
+    };
+    let resp = tokio::select! {
+        r = client.request(upstream_req) => r.map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
+        })?,
+        _ = head_deadline => {
+            return Err(ApiError::GatewayTimeout(format!(
+                "sandbox {id} did not answer within {} s",
+                head_timeout.as_secs()
+            )));
         }
-        ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
-    })?;
+        _ = pin.cancellation() => {
+            return Err(ApiError::BadGateway(format!(
+                "sandbox {id} unreachable: deleted while the request was in flight"
+            )));
+        }
+    };
     lifecycle
         .metrics()
         .proxy_seconds
         .observe(started.elapsed().as_secs_f64());
 
     let (mut parts, body) = resp.into_parts();
-    filter_headers(&mut parts.headers, &DROP_RESPONSE);
-    let body = PinnedBody {
-        inner: body,
-        _pin: pin,
-    }
-    .map_err(|e| Box::new(e) as super::BoxError)
-    .boxed_unsync();
+    allowed_response_headers(&mut parts.headers, &settings.response_headers);
+    let body = PinnedBody::new(body, pin, lifecycle.clone(), settings.body_idle_timeout)
+        .map_err(|e| Box::new(e) as super::BoxError)
+        .boxed_unsync();
     Ok(Response::from_parts(parts, body))
 }
 
@@ -276,5 +475,36 @@ mod tests {
         filter_headers(&mut h, &DROP_REQUEST);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("content-type"));
+    }
+
+    #[test]
+    fn only_allowed_response_headers_are_kept() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("content-type", "text/plain"),
+            ("content-length", "3"),
+            ("etag", "\"1\""),
+            ("set-cookie", "a=1"),
+            ("location", "http://x/"),
+            ("x-custom", "1"),
+            ("connection", "keep-alive"),
+        ] {
+            h.append(k, v.parse().unwrap());
+        }
+        h.append("set-cookie", "b=2".parse().unwrap());
+        allowed_response_headers(&mut h, &ProxySettings::default().response_headers);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["content-length", "content-type", "etag"]);
+        // Hop-by-hop headers go even when listed.
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close".parse().unwrap());
+        h.insert("x-a", "1".parse().unwrap());
+        allowed_response_headers(
+            &mut h,
+            &["connection".parse().unwrap(), "x-a".parse().unwrap()],
+        );
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-a"));
     }
 }

@@ -349,7 +349,7 @@ async fn route(
         (Route::Proxy(id, rest), m) if PROXY_METHODS.contains(m) => {
             valid_id(id)?;
             let (id, rest) = (id.to_string(), rest.to_string());
-            proxy::forward(lc, &state.client, &id, &rest, req).await
+            proxy::forward(lc, &state.client, &state.proxy, &id, &rest, req).await
         }
         (r, _) => Err(ApiError::Method(r.allowed())),
     }

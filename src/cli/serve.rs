@@ -270,7 +270,17 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         idle_check_interval: Duration::from_secs(cfg.idle_check_interval_seconds),
         global_env: global_env(&cfg)?,
         limits: cfg.limits.clone(),
+        delete_grace: Duration::from_secs(cfg.delete_grace_seconds),
+        stop_timeout: Duration::from_secs(cfg.stop_timeout_seconds),
     };
+    // systemd/sandboxd.service stops the daemon after TimeoutStopSec=90s.
+    if cfg.stop_sandboxes_on_exit && cfg.shutdown_grace_seconds + cfg.stop_timeout_seconds >= 90 {
+        warn!(
+            shutdown_grace_s = cfg.shutdown_grace_seconds,
+            stop_timeout_s = cfg.stop_timeout_seconds,
+            "shutdown_grace_seconds + stop_timeout_seconds is not below the unit's TimeoutStopSec (90 s): raise it"
+        );
+    }
     let backend = build_backend(&cfg).await?;
     info!(backend = backend.name(), state_dir = %cfg.state_dir.display(), "starting sandboxd");
     let lifecycle = Arc::new(Lifecycle::new(backend, settings, Arc::new(Metrics::new())));
@@ -291,8 +301,17 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         }
         l
     };
+    // Before READY=1: systemd may send SIGTERM right after it, and without
+    // a handler the default action would kill the daemon without a
+    // graceful stop.
     let _reaper = lifecycle.spawn_reaper();
-    let state = Arc::new(AppState::new(lifecycle.clone(), token, cfg.public_url()));
+    let proxy = api::proxy::ProxySettings::from_config(&cfg)?;
+    let state = Arc::new(AppState::new(
+        lifecycle.clone(),
+        token,
+        cfg.public_url(),
+        proxy,
+    ));
     // Ready only now: existing sandboxes are reconciled and adopted, and the
     // listeners are bound (connections queue in their backlog until the
     // accept loops, started right below, take them).
@@ -315,8 +334,12 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
     )
     .await;
     if cfg.stop_sandboxes_on_exit {
-        info!("stopping every sandbox (stop_sandboxes_on_exit)");
-        lifecycle.stop_all().await;
+        info!(
+            sandboxes = lifecycle.tracked_count(),
+            "stopping every sandbox (stop_sandboxes_on_exit)"
+        );
+        let stopped = lifecycle.stop_all().await;
+        info!(stopped, "sandboxes stopped");
     } else {
         info!(
             sandboxes = lifecycle.tracked_count(),

@@ -1,6 +1,8 @@
 //! The idle reaper: every check interval, deletes sandboxes idle longer
 //! than the idle timeout. Each delete is fenced on the generation it saw
-//! and skipped when the sandbox was touched after it looked.
+//! and skipped when the sandbox was touched after it looked. A sandbox
+//! with a proxied request in flight is not idle (a proxied response marks
+//! activity again when it ends).
 
 use std::sync::Arc;
 
@@ -24,7 +26,7 @@ pub(super) fn spawn(lc: Arc<Lifecycle>) -> Option<tokio::task::JoinHandle<()>> {
             let idle: Vec<_> = lc
                 .observe()
                 .into_iter()
-                .filter(|o| o.idle > timeout)
+                .filter(|o| o.idle > timeout && o.inflight == 0)
                 .collect();
             for o in idle {
                 match lc.reap(&o).await {

@@ -8,11 +8,13 @@
 //! made: that is the [`Backend`]'s business.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::StreamExt;
+use tokio::sync::Notify;
 use tracing::{info, warn, Instrument};
 
 use crate::backend::{Backend, BackendError, Upstream};
@@ -28,6 +30,9 @@ mod locks;
 mod tests;
 
 pub use locks::{IdLocks, ProxyGuard};
+
+/// How many deletes `stop_all` runs at once.
+pub const STOP_CONCURRENCY: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -76,6 +81,11 @@ pub struct Settings {
     /// Node-global sandbox env (merged under the user env).
     pub global_env: BTreeMap<String, String>,
     pub limits: Limits,
+    /// How long a delete waits for in-flight proxy requests of its sandbox
+    /// before it cancels them.
+    pub delete_grace: Duration,
+    /// How long `stop_all` (shutdown) may take in all.
+    pub stop_timeout: Duration,
 }
 
 /// One tracked incarnation. Activity is a touch counter plus a timestamp so
@@ -94,6 +104,8 @@ pub(crate) struct Observation {
     pub generation: String,
     pub touches: u64,
     pub idle: Duration,
+    /// Proxy requests in flight: a sandbox serving one is not idle.
+    pub inflight: usize,
 }
 
 pub struct Lifecycle {
@@ -103,14 +115,41 @@ pub struct Lifecycle {
     tracked: Mutex<HashMap<String, Tracked>>,
     locks: Arc<IdLocks>,
     quiescing: AtomicBool,
+    /// Creates past the quiesce gate and not finished, and a wake-up for
+    /// quiesce when one finishes.
+    creating: AtomicUsize,
+    create_done: Notify,
     epoch: Instant,
 }
 
 /// A proxy request's hold on a sandbox: the record it was admitted for and
-/// the pin that keeps a delete waiting until it is dropped.
+/// the pin that keeps a delete waiting until it is dropped (or until the
+/// delete's grace runs out and it cancels the request).
 pub struct ProxyPin {
     pub record: SandboxRecord,
-    _guard: ProxyGuard,
+    guard: ProxyGuard,
+}
+
+impl ProxyPin {
+    /// True once a delete cancelled the request.
+    pub fn is_cancelled(&self) -> bool {
+        self.guard.is_cancelled()
+    }
+
+    /// Resolves when a delete cancels the request (see [`ProxyGuard`]).
+    pub fn cancellation(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.guard.cancellation()
+    }
+}
+
+/// A create past the quiesce gate; quiesce waits until none is left.
+struct CreateInFlight<'a>(&'a Lifecycle);
+
+impl Drop for CreateInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.creating.fetch_sub(1, Ordering::SeqCst);
+        self.0.create_done.notify_waiters();
+    }
 }
 
 impl Lifecycle {
@@ -122,6 +161,8 @@ impl Lifecycle {
             tracked: Mutex::new(HashMap::new()),
             locks: Arc::new(IdLocks::default()),
             quiescing: AtomicBool::new(false),
+            creating: AtomicUsize::new(0),
+            create_done: Notify::new(),
             epoch: Instant::now(),
         }
     }
@@ -180,6 +221,18 @@ impl Lifecycle {
         self.get(id)
     }
 
+    /// Marks activity of `id` only if it is still at `generation` (the end
+    /// of a proxied response: a newer incarnation is not its business).
+    pub fn touch_generation(&self, id: &str, generation: &str) {
+        let now = self.now_ms();
+        if let Some(t) = self.table().get_mut(id) {
+            if t.record.generation == generation {
+                t.touches += 1;
+                t.last_active_ms = now;
+            }
+        }
+    }
+
     /// Number of tracked sandboxes.
     pub fn tracked_count(&self) -> usize {
         self.table().len()
@@ -187,6 +240,32 @@ impl Lifecycle {
 
     pub fn is_quiescing(&self) -> bool {
         self.quiescing.load(Ordering::SeqCst)
+    }
+
+    /// Passes the quiesce gate: counts the create as in flight, then
+    /// checks the gate. Quiesce closes the gate, then waits for the count
+    /// to drop to zero; with both sides sequentially consistent, a create
+    /// either sees the gate closed or is counted before quiesce looks.
+    fn enter_create(&self) -> Result<CreateInFlight<'_>, LifecycleError> {
+        self.creating.fetch_add(1, Ordering::SeqCst);
+        let entered = CreateInFlight(self);
+        if self.is_quiescing() {
+            return Err(LifecycleError::Quiescing);
+        }
+        Ok(entered)
+    }
+
+    /// Returns once no create is past the gate.
+    async fn creates_finished(&self) {
+        loop {
+            let notified = self.create_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.creating.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Adopts everything the backend already runs (start-up). Each is
@@ -215,9 +294,8 @@ impl Lifecycle {
                 return Err(LifecycleError::Quiescing);
             }
             let (slot, _op) = self.locks.operation(&id).await;
-            if self.is_quiescing() {
-                return Err(LifecycleError::Quiescing);
-            }
+            // Past this point quiesce waits for this create to finish.
+            let _in_flight = self.enter_create()?;
             if let Some(existing) = self.get(&id) {
                 if existing.identity != spec.identity && !self.backend.rebindable(&existing) {
                     return Err(LifecycleError::IdentityMismatch(id.clone()));
@@ -230,7 +308,7 @@ impl Lifecycle {
                 }
                 warn!(generation = %existing.generation, status = status.as_str(),
                       "replacing stale sandbox");
-                let _excl = IdLocks::exclusive(&slot).await;
+                let _excl = self.exclusive(&slot).await;
                 match self.backend.delete(&id, &existing.generation).await {
                     Ok(()) => {}
                     // The incarnation we tracked was already replaced
@@ -262,11 +340,19 @@ impl Lifecycle {
     }
 
     /// Discover: the record with a fresh cheap status. Counts as activity.
+    /// A sandbox that is not running is absent (404, not activity), as the
+    /// provisioner the platform's client was written for answered: the
+    /// client then drops its cached connection and creates a new one.
+    /// `list` still shows it.
     pub async fn discover(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
         validate_sandbox_id(id)?;
         let record = self.get(id).ok_or(LifecycleError::NotFound)?;
-        self.touch(id);
-        Ok(self.refresh(record).await)
+        let fresh = self.refresh(record).await;
+        if fresh.status != SandboxStatus::Running {
+            return Err(LifecycleError::NotFound);
+        }
+        self.touch_generation(id, &fresh.generation);
+        Ok(fresh)
     }
 
     /// Refreshes a record's status and stores it if it is still the same
@@ -348,15 +434,39 @@ impl Lifecycle {
             if check(self)?.is_none() {
                 return Ok(false);
             }
-            // Wait for in-flight proxy requests; block new ones.
-            let _excl = IdLocks::exclusive(&slot).await;
+            let touched = |lc: &Self, seen: u64| {
+                let now = lc.table().get(id).map(|t| t.touches);
+                let touched = now != Some(seen);
+                if touched {
+                    info!("sandbox was touched after the reaper looked; kept");
+                }
+                touched
+            };
+            // Wait for in-flight proxy requests; block new ones. A delete
+            // cancels them after the grace; the reaper never does: a
+            // request in flight means the sandbox is not idle, so it keeps
+            // the sandbox instead.
+            let _excl = match unless_touched {
+                None => self.exclusive(&slot).await,
+                Some(seen) => {
+                    if touched(self, seen) {
+                        return Ok(false);
+                    }
+                    let grace = self.settings.delete_grace;
+                    match IdLocks::exclusive_within(&slot, grace).await {
+                        Some(x) => x,
+                        None => {
+                            info!("a proxied request is in flight; kept");
+                            return Ok(false);
+                        }
+                    }
+                }
+            };
             let Some(record) = check(self)? else {
                 return Ok(false);
             };
             if let Some(seen) = unless_touched {
-                let now = self.table().get(id).map(|t| t.touches);
-                if now != Some(seen) {
-                    info!("sandbox was touched after the reaper looked; kept");
+                if touched(self, seen) {
                     return Ok(false);
                 }
             }
@@ -405,8 +515,24 @@ impl Lifecycle {
         .await
     }
 
+    /// The exclusive hold of a delete (see [`IdLocks::exclusive`]), with
+    /// the configured grace; says when it had to cancel requests.
+    async fn exclusive(&self, slot: &locks::SlotRef<'_>) -> locks::Exclusive {
+        let grace = self.settings.delete_grace;
+        let x = IdLocks::exclusive(slot, grace).await;
+        if x.cancelled > 0 {
+            warn!(
+                cancelled = x.cancelled,
+                grace_ms = grace.as_millis() as u64,
+                "in-flight proxy requests cut: still running after the delete grace"
+            );
+        }
+        x
+    }
+
     /// Admits a proxy request for `id`: waits while a delete of it runs,
     /// then pins it until the returned value is dropped. Marks activity.
+    /// A sandbox that is not running is absent (404), like on discover.
     pub async fn pin(&self, id: &str) -> Result<ProxyPin, LifecycleError> {
         validate_sandbox_id(id)?;
         if self.get(id).is_none() {
@@ -415,11 +541,11 @@ impl Lifecycle {
         let guard = self.locks.pin(id).await;
         // A delete may have run while we waited.
         let record = self.get(id).ok_or(LifecycleError::NotFound)?;
-        self.touch(id);
-        Ok(ProxyPin {
-            record,
-            _guard: guard,
-        })
+        if self.backend.status(&record).await != SandboxStatus::Running {
+            return Err(LifecycleError::NotFound);
+        }
+        self.touch_generation(id, &record.generation);
+        Ok(ProxyPin { record, guard })
     }
 
     /// Opens a connection to the sandbox `id` at `generation` (the proxy's
@@ -432,16 +558,21 @@ impl Lifecycle {
         self.backend.connect(&record).await
     }
 
-    /// Closes the create gate, deletes every sandbox (generation-fenced) and
-    /// waits until the backend lists none, or fails at the deadline.
+    /// Closes the create gate, waits for the creates already past it,
+    /// deletes every sandbox (generation-fenced) and waits until the
+    /// backend lists none, or fails at the deadline.
     pub async fn quiesce(&self, timeout: Duration) -> Result<usize, LifecycleError> {
         self.quiescing.store(true, Ordering::SeqCst);
         info!(
             timeout_s = timeout.as_secs(),
+            creates_in_flight = self.creating.load(Ordering::SeqCst),
             "quiescing: create gate closed"
         );
         let deleted = Arc::new(AtomicU64::new(0));
         let work = async {
+            // A create that passed the gate is in neither the table nor the
+            // backend's list yet: wait for it, or it appears afterwards.
+            self.creates_finished().await;
             loop {
                 let mut targets: Vec<(String, String)> = self
                     .table()
@@ -487,23 +618,45 @@ impl Lifecycle {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(LifecycleError::QuiesceTimeout(
                 timeout,
-                self.tracked_count(),
+                self.tracked_count() + self.creating.load(Ordering::SeqCst),
             )),
         }
     }
 
-    /// Deletes every tracked sandbox (daemon shutdown when configured).
-    pub async fn stop_all(&self) {
+    /// Deletes every tracked sandbox (daemon shutdown when configured):
+    /// [`STOP_CONCURRENCY`] at a time, each within its delete grace, all
+    /// within the stop timeout (the rest is left running and adopted at the
+    /// next start). Returns how many were deleted.
+    pub async fn stop_all(&self) -> usize {
         let ids: Vec<(String, String)> = self
             .table()
             .values()
             .map(|t| (t.record.sandbox_id.clone(), t.record.generation.clone()))
             .collect();
-        for (id, generation) in ids {
-            if let Err(e) = self.delete_inner(&id, Some(&generation), None).await {
-                warn!(sandbox_id = %id, error = %e, "stop on exit failed");
-            }
+        let total = ids.len();
+        let deleted = AtomicUsize::new(0);
+        let deleted = &deleted;
+        let work = futures_util::stream::iter(ids)
+            .map(|(id, generation)| async move {
+                match self.delete_inner(&id, Some(&generation), None).await {
+                    Ok(_) => {
+                        deleted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => warn!(sandbox_id = %id, error = %e, "stop on exit failed"),
+                }
+            })
+            .buffer_unordered(STOP_CONCURRENCY)
+            .collect::<Vec<()>>();
+        let timeout = self.settings.stop_timeout;
+        if tokio::time::timeout(timeout, work).await.is_err() {
+            warn!(
+                timeout_s = timeout.as_secs(),
+                deleted = deleted.load(Ordering::SeqCst),
+                left = total - deleted.load(Ordering::SeqCst),
+                "stop on exit: deadline reached; the rest keep running and are adopted at the next start"
+            );
         }
+        deleted.load(Ordering::SeqCst)
     }
 
     /// Snapshot for the reaper.
@@ -516,6 +669,7 @@ impl Lifecycle {
                 generation: t.record.generation.clone(),
                 touches: t.touches,
                 idle: Duration::from_millis(now.saturating_sub(t.last_active_ms)),
+                inflight: self.locks.inflight(&t.record.sandbox_id),
             })
             .collect()
     }

@@ -15,6 +15,8 @@ fn settings(idle: Option<Duration>) -> Settings {
         idle_check_interval: Duration::from_millis(50),
         global_env: BTreeMap::new(),
         limits: Limits::default(),
+        delete_grace: Duration::from_secs(10),
+        stop_timeout: Duration::from_secs(10),
     }
 }
 
@@ -46,18 +48,32 @@ async fn reuse_keeps_generation_and_mismatch_is_refused() {
 }
 
 #[tokio::test]
-async fn stale_incarnation_is_replaced() {
+async fn stale_incarnation_is_absent_listed_and_replaced() {
     let lc = lc(0, None);
     let a = lc.create(req("s1", "t1")).await.unwrap();
-    // The backend loses it (process died): the next create makes a new one.
+    // The backend loses it (process died): discover and the proxy say it
+    // is absent (and that is no activity); the list still shows it ...
     lc.backend().delete("s1", &a.generation).await.unwrap();
-    assert_eq!(
-        lc.discover("s1").await.unwrap().status,
-        SandboxStatus::Exited
-    );
+    let touches = lc.observe().pop().unwrap().touches;
+    assert!(matches!(
+        lc.discover("s1").await,
+        Err(LifecycleError::NotFound)
+    ));
+    assert!(matches!(lc.pin("s1").await, Err(LifecycleError::NotFound)));
+    assert_eq!(lc.observe().pop().unwrap().touches, touches);
+    let listed = lc.list().await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].status, SandboxStatus::Exited);
+    assert_eq!(listed[0].generation, a.generation);
+    // ... and the next create makes a new one.
     let b = lc.create(req("s1", "t1")).await.unwrap();
     assert_ne!(a.generation, b.generation);
     assert_eq!(b.status, SandboxStatus::Running);
+    assert_eq!(lc.discover("s1").await.unwrap().generation, b.generation);
+    // An explicit delete of an exited sandbox still succeeds.
+    lc.backend().delete("s1", &b.generation).await.unwrap();
+    assert!(lc.delete("s1", Some(&b.generation)).await.unwrap());
+    assert!(lc.list().await.is_empty());
 }
 
 #[tokio::test]
@@ -155,6 +171,126 @@ async fn quiesce_closes_gate_and_deletes_all() {
         Err(LifecycleError::Quiescing)
     ));
     assert_eq!(lc.tracked_count(), 0);
+}
+
+#[tokio::test]
+async fn quiesce_waits_for_creates_in_flight() {
+    let lc = lc(300, None);
+    let lc2 = lc.clone();
+    let create = tokio::spawn(async move { lc2.create(req("late", "t")).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The create passed the gate: quiesce waits for it, then deletes it.
+    assert_eq!(lc.quiesce(Duration::from_secs(5)).await.unwrap(), 1);
+    assert!(create.await.unwrap().is_ok());
+    assert_eq!(lc.tracked_count(), 0);
+    assert!(lc.backend().list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_proxied_response_ending_marks_activity() {
+    let lc = lc(0, None);
+    let a = lc.create(req("s1", "t")).await.unwrap();
+    let before = lc.observe().pop().unwrap().touches;
+    lc.touch_generation("s1", &a.generation);
+    assert_eq!(lc.observe().pop().unwrap().touches, before + 1);
+    // Another generation's response does not count.
+    lc.touch_generation("s1", "0000");
+    assert_eq!(lc.observe().pop().unwrap().touches, before + 1);
+}
+
+#[tokio::test]
+async fn a_sandbox_serving_a_request_is_not_reaped() {
+    let lc = lc(0, Some(Duration::from_millis(200)));
+    lc.create(req("busy", "t")).await.unwrap();
+    let pin = lc.pin("busy").await.unwrap();
+    let _h = lc.spawn_reaper().unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(lc.observe().pop().unwrap().inflight, 1);
+    assert_eq!(lc.tracked_count(), 1, "reaped while serving a request");
+    drop(pin);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(lc.tracked_count(), 0, "not reaped once idle");
+}
+
+#[tokio::test]
+async fn the_reaper_never_cancels_a_request() {
+    let mut s = settings(Some(Duration::from_secs(1000)));
+    s.delete_grace = Duration::from_millis(200);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    lc.create(req("s1", "t")).await.unwrap();
+    // Admitted after the reaper looked: kept at once, not cut.
+    let obs = lc.observe().pop().unwrap();
+    let pin = lc.pin("s1").await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(!lc.reap(&obs).await.unwrap());
+    assert!(started.elapsed() < Duration::from_millis(150));
+    assert!(!pin.is_cancelled());
+    // Even when the touch went unnoticed, it gives up after the grace
+    // rather than cancelling.
+    let obs = lc.observe().pop().unwrap();
+    assert_eq!(obs.inflight, 1);
+    assert!(!lc.reap(&obs).await.unwrap());
+    assert!(!pin.is_cancelled(), "the reaper cancelled a request");
+    drop(pin);
+    let obs = lc.observe().pop().unwrap();
+    assert!(lc.reap(&obs).await.unwrap());
+}
+
+#[tokio::test]
+async fn delete_cancels_pins_after_the_grace() {
+    let mut s = settings(None);
+    s.delete_grace = Duration::from_millis(200);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    lc.create(req("s1", "t")).await.unwrap();
+    lc.create(req("s2", "t")).await.unwrap();
+    let stuck = lc.pin("s1").await.unwrap();
+    let other = lc.pin("s2").await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(lc.delete("s1", None).await.unwrap());
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(stuck.is_cancelled());
+    assert!(!other.is_cancelled());
+    drop(stuck);
+    assert!(matches!(lc.pin("s1").await, Err(LifecycleError::NotFound)));
+}
+
+#[tokio::test]
+async fn stop_all_deletes_concurrently_within_the_deadline() {
+    let mut s = settings(None);
+    s.delete_grace = Duration::from_millis(300);
+    s.stop_timeout = Duration::from_secs(5);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    let mut pins = Vec::new();
+    for i in 0..10 {
+        let id = format!("s{i}");
+        lc.create(req(&id, "t")).await.unwrap();
+        pins.push(lc.pin(&id).await.unwrap());
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(lc.stop_all().await, 10);
+    // Two rounds of 8 at most, each one grace long; one after the other
+    // would take 10 graces.
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(lc.tracked_count(), 0);
+
+    // The overall deadline wins over a longer grace.
+    let mut s = settings(None);
+    s.delete_grace = Duration::from_secs(60);
+    s.stop_timeout = Duration::from_millis(300);
+    let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
+    let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
+    lc.create(req("held", "t")).await.unwrap();
+    let _pin = lc.pin("held").await.unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(lc.stop_all().await, 0);
+    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[tokio::test]

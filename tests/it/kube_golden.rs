@@ -257,6 +257,13 @@ fn every_pod_is_hardened() {
             assert_restricted(file, c);
         }
         let c = &spec.containers[0];
+        // The agent's exec cap follows SANDBOX_EXEC_TIMEOUT_SECONDS (180 - 10).
+        let cmd = c.command.as_ref().unwrap();
+        let cap = cmd
+            .iter()
+            .position(|a| a == "--exec-cap-seconds")
+            .expect("--exec-cap-seconds");
+        assert_eq!(cmd[cap + 1], "170", "{file}");
         assert_eq!(
             c.command.as_ref().unwrap()[..2],
             [

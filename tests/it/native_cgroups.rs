@@ -35,7 +35,7 @@ fn open(root: &CgroupRoot, id: &str) -> SandboxCgroup {
 
 /// `<hierarchy>/<parent>[/<sub>]` in every hierarchy mounted under
 /// /sys/fs/cgroup (v2 at the top, v1 one per controller), where it exists.
-fn cgroup_dirs(parent: &str, sub: Option<&str>) -> Vec<PathBuf> {
+pub(crate) fn cgroup_dirs(parent: &str, sub: Option<&str>) -> Vec<PathBuf> {
     let mut bases = vec![PathBuf::from(CG)];
     bases.extend(
         std::fs::read_dir(CG)

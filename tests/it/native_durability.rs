@@ -43,7 +43,7 @@ fn ppid(pid: &str) -> Option<u32> {
 }
 
 /// PIDs of the processes in `dirs`' cgroup parent (any controller).
-fn sandbox_pids(dirs: &NativeDirs) -> Vec<u32> {
+pub(crate) fn sandbox_pids(dirs: &NativeDirs) -> Vec<u32> {
     let needle = format!("/{}/", dirs.cgroup_parent);
     std::fs::read_dir("/proc")
         .unwrap()
@@ -497,7 +497,7 @@ async fn a_recycled_pid_is_neither_adopted_nor_touched() {
 }
 
 /// PID 1 of `id` (the agent), found through the sandbox's cgroup.
-fn agent_pid(dirs: &NativeDirs, id: &str) -> u32 {
+pub(crate) fn agent_pid(dirs: &NativeDirs, id: &str) -> u32 {
     let needle = format!("/{}/{id}", dirs.cgroup_parent);
     sandbox_pids(dirs)
         .into_iter()
@@ -510,11 +510,19 @@ fn agent_pid(dirs: &NativeDirs, id: &str) -> u32 {
         .unwrap_or_else(|| panic!("no agent of {id}"))
 }
 
+/// Waits until the list shows `id` with status `want`. Discover answers
+/// 404 for a sandbox that is not running, so the list is where an exited
+/// one is seen.
 async fn wait_status(d: &Daemon, id: &str, want: &str) {
     let end = Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
-        if v["status"] == want {
+        let (_, v) = d.json("GET", "/api/sandboxes", None).await;
+        let listed = v["sandboxes"]
+            .as_array()
+            .and_then(|l| l.iter().find(|s| s["sandbox_id"] == id).cloned());
+        if listed.as_ref().is_some_and(|s| s["status"] == want) {
+            let (s, _) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+            assert_eq!(s, if want == "running" { 200 } else { 404 }, "{id}");
             return;
         }
         assert!(Instant::now() < end, "{id} never became {want}: {v}");
@@ -575,7 +583,14 @@ async fn an_exit_of_pid_1_is_noticed_for_own_and_adopted_sandboxes() {
     );
     wait_status(&d, "adopted", "exited").await;
     // The next create replaces it with a new generation that works.
-    let (_, old) = d.json("GET", "/api/sandboxes/adopted", None).await;
+    let (_, list) = d.json("GET", "/api/sandboxes", None).await;
+    let old = list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["sandbox_id"] == "adopted")
+        .unwrap()
+        .clone();
     let (s, v) = d
         .create(json!({"sandbox_id":"adopted","thread_id":"t","uid":"u1","inherit_env":false}))
         .await;

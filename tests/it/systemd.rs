@@ -266,6 +266,26 @@ fn notify_ready_when_serving_and_stopping_on_sigterm() {
     assert!(d.wait_exit(Duration::from_secs(30)).success());
 }
 
+/// systemd may stop the daemon the moment it reports READY=1: the signal
+/// handlers are in place by then, so that stop is graceful (STOPPING=1,
+/// exit 0), never the default action of SIGTERM.
+#[test]
+fn sigterm_right_after_ready_is_a_graceful_stop() {
+    for round in 0..20 {
+        let notify = NotifySocket::new();
+        let state = tempfile::tempdir().unwrap();
+        let mut cmd = serve_cmd(state.path());
+        cmd.env("PROVISIONER_BACKEND", "memory")
+            .env("NOTIFY_SOCKET", &notify.path);
+        let mut d = Proc::spawn(cmd);
+        notify.wait_for("READY=1", Duration::from_secs(60));
+        d.sigterm();
+        let status = d.wait_exit(Duration::from_secs(30));
+        assert!(status.success(), "round {round}: {status:?}");
+        notify.wait_for("STOPPING=1", Duration::from_secs(1));
+    }
+}
+
 /// WATCHDOG=1 every WATCHDOG_USEC/2; none when WATCHDOG_PID names another
 /// process; abstract `@` notify sockets work.
 #[test]

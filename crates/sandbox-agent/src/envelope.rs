@@ -90,8 +90,10 @@ impl From<FileError> for ApiError {
     fn from(err: FileError) -> Self {
         match &err {
             FileError::Io { source, .. } => Self::io(source, err.to_string()),
+            FileError::NotFound { .. } => Self::not_found(err.to_string()),
             FileError::NotUtf8 { .. }
             | FileError::IsDirectory { .. }
+            | FileError::NotRegular { .. }
             | FileError::Base64(_)
             | FileError::OldStrNotFound { .. }
             | FileError::OldStrNotUnique { .. }
@@ -107,6 +109,7 @@ impl From<ListingError> for ApiError {
     fn from(err: ListingError) -> Self {
         match &err {
             ListingError::Io { source, .. } => Self::io(source, err.to_string()),
+            ListingError::NotFound { .. } => Self::not_found(err.to_string()),
             ListingError::NotADirectory { .. } | ListingError::Pattern(_) => {
                 Self::bad_request(err.to_string())
             }
@@ -118,7 +121,9 @@ impl From<TransferError> for ApiError {
     fn from(err: TransferError) -> Self {
         match &err {
             TransferError::Io { source, .. } => Self::io(source, err.to_string()),
+            TransferError::NotFound { .. } => Self::not_found(err.to_string()),
             TransferError::IsDirectory { .. }
+            | TransferError::NotRegular { .. }
             | TransferError::MissingPath
             | TransferError::MissingFile
             | TransferError::Multipart(_) => Self::bad_request(err.to_string()),

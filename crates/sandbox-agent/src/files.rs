@@ -6,9 +6,17 @@
 //! which callers already handle. Files are created with the process umask
 //! (mode 0666 & ~umask; the sandbox runs with umask 077).
 //!
+//! Only regular files are read or written: a path is opened with
+//! `O_NONBLOCK` (so a FIFO cannot block the open) and checked with `fstat`
+//! on the opened descriptor, so a FIFO, a device or a socket planted where
+//! a file is expected is refused at once instead of blocking or streaming
+//! forever.
+//!
 //! Owns: reading and writing whole files. Must not list directories.
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -34,6 +42,12 @@ pub enum FileError {
     },
     #[error("is a directory, a file is expected: {path}")]
     IsDirectory { path: PathBuf },
+    /// The path names nothing (the platform's tests look for this wording).
+    #[error("{path} does not exist")]
+    NotFound { path: PathBuf },
+    /// A FIFO, device or socket where a file is expected.
+    #[error("{path} is not a regular file")]
+    NotRegular { path: PathBuf },
     #[error("invalid base64 content: {0}")]
     Base64(#[from] base64::DecodeError),
     #[error("no replacement was performed, old_str `{old}` did not appear verbatim in {path}")]
@@ -66,6 +80,11 @@ impl FileError {
         // Reading or writing a directory fails with EISDIR: a 400, not a 500.
         if source.raw_os_error() == Some(libc::EISDIR) {
             return Self::IsDirectory {
+                path: path.to_path_buf(),
+            };
+        }
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return Self::NotFound {
                 path: path.to_path_buf(),
             };
         }
@@ -112,14 +131,44 @@ pub struct WriteResult {
     pub bytes_written: usize,
 }
 
-/// Reads a whole file as UTF-8 text; directories and binary are errors.
-pub fn read_text(path: &Path) -> Result<String, FileError> {
-    if path.is_dir() {
+/// Refuses an opened `file` unless it is a regular file (`fstat` on the
+/// descriptor: what was opened, whatever the path names by now).
+fn require_regular(file: &File, path: &Path) -> Result<(), FileError> {
+    let meta = file
+        .metadata()
+        .map_err(|e| FileError::io("stat", path, e))?;
+    if meta.is_dir() {
         return Err(FileError::IsDirectory {
             path: path.to_path_buf(),
         });
     }
-    let bytes = std::fs::read(path).map_err(|e| FileError::io("read", path, e))?;
+    if !meta.is_file() {
+        return Err(FileError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens a regular file for reading; anything else is refused without
+/// blocking (see the module documentation).
+pub fn open_regular(path: &Path) -> Result<File, FileError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| FileError::io("open", path, e))?;
+    require_regular(&file, path)?;
+    Ok(file)
+}
+
+/// Reads a whole file as UTF-8 text; directories, special files and
+/// binary are errors.
+pub fn read_text(path: &Path) -> Result<String, FileError> {
+    let mut file = open_regular(path)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| FileError::io("read", path, e))?;
     String::from_utf8(bytes).map_err(|e| {
         let position = e.utf8_error().valid_up_to();
         FileError::NotUtf8 {
@@ -141,13 +190,22 @@ pub fn write_bytes(path: &Path, bytes: &[u8], append: bool) -> Result<(), FileEr
         std::fs::create_dir_all(parent)
             .map_err(|e| FileError::io("create directory", parent, e))?;
     }
+    // O_NONBLOCK: opening a FIFO for writing fails with ENXIO when nobody
+    // reads it, instead of waiting for a reader.
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .append(append)
         .truncate(!append)
+        .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| FileError::io("open", path, e))?;
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => FileError::NotRegular {
+                path: path.to_path_buf(),
+            },
+            _ => FileError::io("open", path, e),
+        })?;
+    require_regular(&file, path)?;
     file.write_all(bytes)
         .map_err(|e| FileError::io("write", path, e))
 }
@@ -269,6 +327,30 @@ mod tests {
             read_text(dir.path()),
             Err(FileError::IsDirectory { .. })
         ));
+    }
+
+    #[test]
+    fn special_files_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let zero = dir.path().join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for p in [&fifo, &zero] {
+            assert!(
+                matches!(read_text(p), Err(FileError::NotRegular { .. })),
+                "{p:?}"
+            );
+            assert!(
+                matches!(
+                    write_bytes(p, b"x", false),
+                    Err(FileError::NotRegular { .. })
+                ),
+                "{p:?}"
+            );
+        }
+        let e = read_text(&fifo).unwrap_err().to_string();
+        assert!(e.ends_with("/fifo is not a regular file"), "{e}");
     }
 
     #[test]

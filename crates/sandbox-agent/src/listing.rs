@@ -26,6 +26,9 @@ pub enum ListingError {
     },
     #[error("not a directory: {path}")]
     NotADirectory { path: PathBuf },
+    /// The path names nothing (the platform's tests look for this wording).
+    #[error("{path} does not exist")]
+    NotFound { path: PathBuf },
     #[error("invalid glob pattern: {0}")]
     Pattern(#[from] glob::PatternError),
 }
@@ -85,11 +88,22 @@ pub struct FindResult {
     pub files: Vec<String>,
 }
 
+impl ListingError {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return Self::NotFound {
+                path: path.to_path_buf(),
+            };
+        }
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 fn require_dir(path: &Path) -> Result<(), ListingError> {
-    let meta = std::fs::metadata(path).map_err(|source| ListingError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let meta = std::fs::metadata(path).map_err(|source| ListingError::io(path, source))?;
     if meta.is_dir() {
         Ok(())
     } else {
@@ -173,10 +187,7 @@ fn walk(
     opts: &ListRequest,
     out: &mut Vec<FileInfo>,
 ) -> Result<(), ListingError> {
-    let rd = std::fs::read_dir(dir).map_err(|source| ListingError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    let rd = std::fs::read_dir(dir).map_err(|source| ListingError::io(dir, source))?;
     for entry in rd.flatten() {
         let hidden = entry.file_name().to_string_lossy().starts_with('.');
         if hidden && !opts.show_hidden.unwrap_or(true) {
@@ -342,8 +353,10 @@ mod tests {
         let (_dir, base) = tree();
         assert!(matches!(
             list(&base, req("nope")),
-            Err(ListingError::Io { .. })
+            Err(ListingError::NotFound { .. })
         ));
+        let e = list(&base, req("nope")).unwrap_err().to_string();
+        assert!(e.ends_with("/nope does not exist"), "{e}");
         assert!(matches!(
             list(&base, req("a.txt")),
             Err(ListingError::NotADirectory { .. })

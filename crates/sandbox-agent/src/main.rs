@@ -8,6 +8,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use sandbox_agent::{self as agent, exec, exec::ExecConfig, exec::READY_FD_ENV, AgentConfig};
 
+/// The longest exec cap accepted (a day): anything longer is a mistake.
+const MAX_EXEC_CAP_SECONDS: f64 = 86_400.0;
+
 /// The in-sandbox agent: HTTP API on loopback, PID 1 of the sandbox.
 #[derive(Debug, Parser)]
 #[command(name = "sandbox-agent", version)]
@@ -15,7 +18,8 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "SANDBOX_AGENT_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Longest a command without its own timeout may run (must be < 180).
+    /// Longest a command may run, in (0, 86400] seconds. The daemon passes
+    /// its exec timeout minus a margin (default 180 - 10).
     #[arg(long, env = "SANDBOX_AGENT_EXEC_CAP_SECONDS", default_value_t = 170.0)]
     exec_cap_seconds: f64,
     /// Output kept per command when `truncate` is true.
@@ -67,9 +71,9 @@ fn main() -> anyhow::Result<()> {
     if args.require_credential && credential.is_none() {
         bail!(agent::credential::CredentialError::Missing);
     }
-    if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds < 180.0) {
+    if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds <= MAX_EXEC_CAP_SECONDS) {
         bail!(
-            "exec cap must be in (0, 180) seconds, got {}",
+            "exec cap must be in (0, {MAX_EXEC_CAP_SECONDS}] seconds, got {}",
             args.exec_cap_seconds
         );
     }

@@ -6,6 +6,9 @@
 //! download is sent in 64 KiB frames with a `Content-Length`. Byte-exact
 //! both ways.
 //!
+//! Downloads send regular files only (procfs files are regular too): a
+//! FIFO, device or socket is refused with 400 before anything is sent.
+//!
 //! Owns: moving file bytes over HTTP. Must not interpret file contents.
 
 use std::path::{Path, PathBuf};
@@ -34,6 +37,12 @@ pub enum TransferError {
     },
     #[error("is a directory, a file is expected: {path}")]
     IsDirectory { path: PathBuf },
+    /// The path names nothing (the platform's tests look for this wording).
+    #[error("{path} does not exist")]
+    NotFound { path: PathBuf },
+    /// A FIFO, device or socket where a file is expected.
+    #[error("{path} is not a regular file")]
+    NotRegular { path: PathBuf },
     #[error("missing destination: give a `path` field (or `?path=`) or a file name")]
     MissingPath,
     #[error("missing multipart file part named `file`")]
@@ -46,10 +55,17 @@ fn io_err<'a>(
     op: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(std::io::Error) -> TransferError + 'a {
-    move |source| TransferError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+    move |source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return TransferError::NotFound {
+                path: path.to_path_buf(),
+            };
+        }
+        TransferError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 
@@ -224,18 +240,25 @@ fn disposition(path: &Path) -> String {
 
 pub async fn download(base: &PathBase, raw: &str) -> Result<Response<AgentBody>, TransferError> {
     let path = base.resolve(raw);
-    let meta = tokio::fs::metadata(&path)
+    // O_NONBLOCK so a FIFO cannot block the open; then fstat what was
+    // opened: only regular files are sent (a FIFO or `/dev/zero` planted
+    // where a file is expected would stall the download forever).
+    let file = tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
         .await
-        .map_err(io_err("stat", &path))?;
+        .map_err(io_err("open", &path))?;
+    let meta = file.metadata().await.map_err(io_err("stat", &path))?;
     if meta.is_dir() {
         return Err(TransferError::IsDirectory { path });
     }
-    let file = tokio::fs::File::open(&path)
-        .await
-        .map_err(io_err("open", &path))?;
-    // Regular files are sent with their length (and never past it, should
-    // the file grow meanwhile); others (procfs, devices) chunked to EOF.
-    let length = (meta.is_file() && meta.len() > 0).then_some(meta.len());
+    if !meta.is_file() {
+        return Err(TransferError::NotRegular { path });
+    }
+    // Sent with their length (and never past it, should the file grow
+    // meanwhile); files that report no size (procfs) chunked to EOF.
+    let length = (meta.len() > 0).then_some(meta.len());
     let file = file.take(length.unwrap_or(u64::MAX));
     let stream = futures_util::stream::unfold(Some(file), |state| async move {
         let mut file = state?;

@@ -68,6 +68,8 @@ pub struct SpecConfig {
     pub network: Option<NetPolicyConfig>,
     pub home_size_mb: u64,
     pub tmp_size_mb: u64,
+    /// The agent's `--exec-cap-seconds` (the exec timeout minus a margin).
+    pub exec_cap_seconds: f64,
 }
 
 impl SpecConfig {
@@ -98,6 +100,7 @@ impl SpecConfig {
             network,
             home_size_mb: cfg.limits.home_size_mb,
             tmp_size_mb: cfg.limits.tmp_size_mb,
+            exec_cap_seconds: cfg.agent_exec_cap_seconds(),
         })
     }
 }
@@ -305,6 +308,8 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
             "--listen".into(),
             format!("0.0.0.0:{}", c.container_port),
             "--require-credential".into(),
+            "--exec-cap-seconds".into(),
+            c.exec_cap_seconds.to_string(),
         ]),
         working_dir: Some(working_dir),
         env: Some(env),
@@ -473,10 +478,16 @@ mod tests {
                 .to_string();
             assert!(e.contains(message), "{e}");
         }
-        let cfg = Config::default();
+        let mut cfg = Config::default();
         let s = SpecConfig::from_config(&cfg).unwrap();
         assert_eq!(s.connect_mode, ConnectMode::PodIp);
         assert!(s.user_namespaces && s.network.is_some());
+        assert_eq!(s.exec_cap_seconds, 170.0);
+        cfg.exec_timeout_seconds = 600;
+        assert_eq!(
+            SpecConfig::from_config(&cfg).unwrap().exec_cap_seconds,
+            590.0
+        );
         assert_eq!(
             s.seccomp,
             Seccomp::Localhost("sandboxd/default.json".into())

@@ -81,6 +81,8 @@ pub struct HostLayout {
     pub device_rules_enforced: bool,
     pub container_port: u16,
     pub limits: Limits,
+    /// The agent's `--exec-cap-seconds` ([`Config::agent_exec_cap_seconds`](crate::config::Config::agent_exec_cap_seconds)).
+    pub exec_cap_seconds: f64,
 }
 
 impl HostLayout {
@@ -254,6 +256,8 @@ pub fn build_spec(
         format!("127.0.0.1:{}", host.container_port),
         "--command-env".to_string(),
         GUEST.command_env_path.to_string(),
+        "--exec-cap-seconds".to_string(),
+        host.exec_cap_seconds.to_string(),
     ]));
     let fixed: BTreeMap<String, String> = GUEST
         .fixed_env()
@@ -547,6 +551,7 @@ mod tests {
             device_rules_enforced: true,
             container_port: 8080,
             limits: Limits::default(),
+            exec_cap_seconds: 5.4,
         }
     }
 
@@ -624,7 +629,15 @@ mod tests {
         assert_eq!(env.iter().filter(|e| e.starts_with("PATH=")).count(), 1);
         assert!(env.contains(&"HOME=/home/gem".to_string()));
         let args = p.args().as_ref().unwrap();
-        assert_eq!(args[3..], ["--command-env", GUEST.command_env_path]);
+        assert_eq!(
+            args[3..],
+            [
+                "--command-env",
+                GUEST.command_env_path,
+                "--exec-cap-seconds",
+                "5.4"
+            ]
+        );
         assert_eq!(s.hostname().as_deref(), Some("sbx-ab-1"));
         let linux = s.linux().as_ref().unwrap();
         let r = linux.resources().as_ref().unwrap();

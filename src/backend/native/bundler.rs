@@ -161,6 +161,7 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
         device_rules_enforced: true,
         container_port: cfg.container_port,
         limits: cfg.limits.clone(),
+        exec_cap_seconds: cfg.agent_exec_cap_seconds(),
     })
 }
 

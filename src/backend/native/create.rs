@@ -177,13 +177,13 @@ impl NativeBackend {
         made.commit();
         self.outputs.start(id, out, out_r);
         let record = record_of(&st, SandboxStatus::Running);
-        self.track(Live {
-            record: record.clone(),
+        self.track(Live::new(
+            record.clone(),
             handle,
-            netns: Arc::new(netns),
-            cgroup: Some(Arc::new(cgroup)),
-            net: st.network.clone(),
-        });
+            netns,
+            Some(cgroup),
+            st.network.clone(),
+        ));
         Ok(record)
     }
 }

@@ -2,7 +2,8 @@
 //! itself. Per sandbox: a state directory with `state.json` and an OCI
 //! bundle, a `sandbox-init` launch, a kept network-namespace fd through
 //! which the proxy reaches the agent, and a pidfd on its PID 1 (watched
-//! for exits by [`watch`]).
+//! for exits by [`watch`], which cleans up at once what an exited sandbox
+//! no longer needs).
 //!
 //! This module owns everything under `<state_dir>/sandboxes/` and the
 //! per-user directories it creates; it never deletes user files.
@@ -44,14 +45,40 @@ use netns::NetnsDialer;
 use proc::ProcHandle;
 use state::{Phase, SandboxState, StateDir};
 
-/// A running sandbox as the daemon holds it.
+/// A sandbox as the daemon holds it, from its create (or adoption) until
+/// it is deleted.
 struct Live {
     record: SandboxRecord,
     handle: Arc<ProcHandle>,
-    netns: Arc<OwnedFd>,
+    /// Dropped when PID 1 exits.
+    netns: Option<Arc<OwnedFd>>,
+    /// Taken (and the cgroup removed) when PID 1 exits.
     cgroup: Option<Arc<SandboxCgroup>>,
     /// Its veth and address (egress only).
     net: Option<net::NetState>,
+    /// Held by the exit watcher while it cleans up after an exit; a delete
+    /// of this incarnation takes it before anything else, so the cleanup
+    /// (by id: cgroup, bundle) is over before a new incarnation can exist.
+    teardown: Arc<Mutex<()>>,
+}
+
+impl Live {
+    fn new(
+        record: SandboxRecord,
+        handle: Arc<ProcHandle>,
+        netns: OwnedFd,
+        cgroup: Option<SandboxCgroup>,
+        net: Option<net::NetState>,
+    ) -> Live {
+        Live {
+            record,
+            handle,
+            netns: Some(Arc::new(netns)),
+            cgroup: cgroup.map(Arc::new),
+            net,
+            teardown: Arc::default(),
+        }
+    }
 }
 
 /// The native backend. Cheap to clone, and every clone is the same
@@ -132,11 +159,17 @@ impl NativeBackend {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tracks a running sandbox and starts watching its PID 1 for an exit.
+    /// Tracks a running sandbox and starts watching its PID 1 for an exit
+    /// (tracked first, so an exit that is already there is noticed).
     fn track(&self, l: Live) {
         let id = l.record.sandbox_id.clone();
-        watch::watch(&self.live, &id, &l.record.generation, l.handle.clone());
-        self.live().insert(id, l);
+        let (generation, handle) = (l.record.generation.clone(), l.handle.clone());
+        self.live().insert(id.clone(), l);
+        let cleanup = watch::Cleanup {
+            cgroups: self.cgroups.clone(),
+            state: self.state.clone(),
+        };
+        watch::watch(&self.live, cleanup, &id, &generation, handle);
     }
 
     /// Kills what a failed or deleted incarnation left (its PID 1, then
@@ -153,32 +186,7 @@ impl NativeBackend {
             }
         }
         failpoint::hit(Point::DeleteAfterKill);
-        match self.cgroups.open(id) {
-            Ok(Some(cg)) => {
-                // A PID 1 whose PID was never reported (launch timed out,
-                // launcher killed) was re-parented to us: reap it after the
-                // kill, or it stays a zombie child of the daemon.
-                let me = std::process::id() as i32;
-                let ours: Vec<ProcHandle> = cg
-                    .pids()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|p| proc::parent(*p) == Some(me))
-                    .filter_map(|p| ProcHandle::open(p, None))
-                    .collect();
-                if let Err(e) = cg.kill_all() {
-                    warn!(sandbox_id = %id, error = %e, "cannot kill the sandbox's cgroup");
-                }
-                for h in &ours {
-                    h.wait_exit(Duration::from_secs(1));
-                }
-                if let Err(e) = cg.remove() {
-                    warn!(sandbox_id = %id, error = %e, "cannot remove the sandbox's cgroup");
-                }
-            }
-            Ok(None) => {}
-            Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
-        }
+        kill_and_remove_cgroup(&self.cgroups, id);
         failpoint::hit(Point::DeleteAfterCgroup);
         // Its set element and veth (a crash before this point leaves them
         // to the next start-up's rebuild and sweep).
@@ -196,6 +204,9 @@ impl NativeBackend {
                 Err(NativeError::OtherGeneration { id: id.to_string() })
             }
             Some(l) => {
+                // An exit cleanup of this incarnation still running ends
+                // first (it no longer finds the record and stops).
+                let _teardown = l.teardown.lock().unwrap_or_else(|e| e.into_inner());
                 if let Ok(Some(mut st)) = self.state.load(id) {
                     st.phase = Phase::Deleting;
                     let _ = self.state.save(&st);
@@ -216,6 +227,36 @@ impl NativeBackend {
                 }
             }
         }
+    }
+}
+
+/// Kills whatever is left in the cgroup of `id` and removes it. A PID 1
+/// whose PID was never reported (launch timed out, launcher killed) was
+/// re-parented to us: it is reaped after the kill, or it would stay a
+/// zombie child of the daemon.
+fn kill_and_remove_cgroup(cgroups: &CgroupRoot, id: &str) {
+    match cgroups.open(id) {
+        Ok(Some(cg)) => {
+            let me = std::process::id() as i32;
+            let ours: Vec<ProcHandle> = cg
+                .pids()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| proc::parent(*p) == Some(me))
+                .filter_map(|p| ProcHandle::open(p, None))
+                .collect();
+            if let Err(e) = cg.kill_all() {
+                warn!(sandbox_id = %id, error = %e, "cannot kill the sandbox's cgroup");
+            }
+            for h in &ours {
+                h.wait_exit(Duration::from_secs(1));
+            }
+            if let Err(e) = cg.remove() {
+                warn!(sandbox_id = %id, error = %e, "cannot remove the sandbox's cgroup");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
     }
 }
 
@@ -360,7 +401,11 @@ impl Backend for NativeBackend {
 
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
         match self.live().get(&record.sandbox_id) {
-            Some(l) if l.record.generation == record.generation && !l.handle.exited() => {
+            Some(l)
+                if l.record.generation == record.generation
+                    && l.record.status == SandboxStatus::Running
+                    && !l.handle.exited() =>
+            {
                 SandboxStatus::Running
             }
             _ => SandboxStatus::Exited,
@@ -372,10 +417,11 @@ impl Backend for NativeBackend {
         r.status = self.status(record).await;
         if let Some(l) = self.live().get(&record.sandbox_id) {
             if l.record.generation == record.generation {
-                if let Some(cg) = &l.cgroup {
-                    if cg.oom_kills() > 0 {
-                        r.oom_killed = Some(true);
-                    }
+                // Read at exit, before the cgroup went; else the live count.
+                let oom = l.record.oom_killed == Some(true)
+                    || l.cgroup.as_ref().is_some_and(|cg| cg.oom_kills() > 0);
+                if oom {
+                    r.oom_killed = Some(true);
                 }
             }
         }
@@ -390,7 +436,11 @@ impl Backend for NativeBackend {
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
         let netns = match self.live().get(&record.sandbox_id) {
-            Some(l) if l.record.generation == record.generation => l.netns.clone(),
+            Some(Live {
+                record: r,
+                netns: Some(netns),
+                ..
+            }) if r.generation == record.generation => netns.clone(),
             _ => {
                 let id = record.sandbox_id.clone();
                 return Err(NativeError::NotRunning { id }.into());

@@ -65,13 +65,13 @@ impl NativeBackend {
                         });
                         // Watched like our own: it is no longer our child,
                         // but its pidfd still reports the exit.
-                        self.track(Live {
-                            record: record_of(&st, SandboxStatus::Running),
-                            handle: Arc::new(h),
-                            netns: Arc::new(ns),
-                            cgroup: self.cgroups.open(&id).ok().flatten().map(Arc::new),
+                        self.track(Live::new(
+                            record_of(&st, SandboxStatus::Running),
+                            Arc::new(h),
+                            ns,
+                            self.cgroups.open(&id).ok().flatten(),
                             net,
-                        });
+                        ));
                         adopted += 1;
                     }
                     Err(e) => {

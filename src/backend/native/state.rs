@@ -133,26 +133,36 @@ impl StateDir {
     /// anything below it is still a mount point, so a leaked mount of user
     /// data can never be deleted through it.
     pub fn remove(&self, id: &str) -> Result<(), StateError> {
-        let dir = self.sandbox_dir(id);
-        let prefix = format!("{}/", dir.display());
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        if let Some(line) = mounts.lines().find(|l| {
-            l.split_whitespace()
-                .nth(4)
-                .is_some_and(|mp| mp.starts_with(&prefix) || mp == dir.to_string_lossy())
-        }) {
-            return Err(StateError::Write {
-                path: dir,
-                source: std::io::Error::other(format!(
-                    "refusing to remove: a mount is still below it ({line})"
-                )),
-            });
-        }
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(StateError::Write { path: dir, source }),
-        }
+        remove_tree(self.sandbox_dir(id))
+    }
+
+    /// Removes a sandbox's bundle only (an exited sandbox: `state.json` and
+    /// `agent.log` stay until it is deleted), with the same mount check.
+    pub fn remove_bundle(&self, id: &str) -> Result<(), StateError> {
+        remove_tree(self.bundle_dir(id))
+    }
+}
+
+/// Removes `dir` and everything below it, unless a mount is below it.
+fn remove_tree(dir: PathBuf) -> Result<(), StateError> {
+    let prefix = format!("{}/", dir.display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(line) = mounts.lines().find(|l| {
+        l.split_whitespace()
+            .nth(4)
+            .is_some_and(|mp| mp.starts_with(&prefix) || mp == dir.to_string_lossy())
+    }) {
+        return Err(StateError::Write {
+            path: dir,
+            source: std::io::Error::other(format!(
+                "refusing to remove: a mount is still below it ({line})"
+            )),
+        });
+    }
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(StateError::Write { path: dir, source }),
     }
 }
 
@@ -189,6 +199,11 @@ mod tests {
         };
         sd.save(&st).unwrap();
         assert_eq!(sd.load("a").unwrap().unwrap(), st);
+        std::fs::create_dir_all(sd.bundle_dir("a").join("rootfs")).unwrap();
+        sd.remove_bundle("a").unwrap();
+        assert!(!sd.bundle_dir("a").exists());
+        assert_eq!(sd.load("a").unwrap().unwrap(), st);
+        sd.remove_bundle("a").unwrap();
         assert_eq!(sd.ids(), vec!["a".to_string()]);
         std::fs::write(sd.sandbox_dir("a").join("state.json"), b"{").unwrap();
         assert!(sd.load("a").is_err());

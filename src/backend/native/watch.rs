@@ -2,9 +2,18 @@
 //! its PID 1, so an exit is noticed whether or not the daemon is the
 //! parent (adopted sandboxes were re-parented to the host's init when the
 //! previous daemon died). On exit it reaps the process when it is our
-//! child, logs `sandbox exited` and marks the record `exited`; the next
-//! create of the id then replaces it. It never kills or removes anything:
-//! that is `destroy`'s business.
+//! child, logs `sandbox exited`, marks the record `exited` (with its OOM
+//! flag, read before the cgroup goes) and cleans up at once what the
+//! sandbox no longer needs: it drops the netns fd, kills whatever is left
+//! in the cgroup and removes it, and removes the bundle. The record (and
+//! `state.json`, `agent.log`) stay until the sandbox is deleted or replaced
+//! by the next create.
+//!
+//! Fencing: the record is checked and changed under the live-map lock, on
+//! the generation the watcher was started for, and the cleanup (by id:
+//! cgroup, bundle) runs under that incarnation's teardown lock, which a
+//! delete takes before anything else; a new incarnation of the id is only
+//! created after that delete, so the cleanup never touches it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -15,15 +24,29 @@ use tokio::io::Interest;
 use tracing::{debug, info, warn};
 
 use super::proc::ProcHandle;
+use super::state::StateDir;
 use super::Live;
+use crate::cgroups::CgroupRoot;
 use crate::model::SandboxStatus;
 
 pub(super) type LiveMap = Mutex<HashMap<String, Live>>;
 
+/// What the cleanup after an exit needs from the backend.
+pub(super) struct Cleanup {
+    pub cgroups: Arc<CgroupRoot>,
+    pub state: StateDir,
+}
+
 /// Starts watching `handle` (PID 1 of `id` at `generation`). Uses the
-/// tokio runtime when there is one (an `AsyncFd` on a dup of the pidfd),
-/// a plain thread otherwise.
-pub(super) fn watch(live: &Arc<LiveMap>, id: &str, generation: &str, handle: Arc<ProcHandle>) {
+/// tokio runtime when there is one (an `AsyncFd` on a dup of the pidfd;
+/// the cleanup then runs on a blocking thread), a plain thread otherwise.
+pub(super) fn watch(
+    live: &Arc<LiveMap>,
+    cleanup: Cleanup,
+    id: &str,
+    generation: &str,
+    handle: Arc<ProcHandle>,
+) {
     let live = Arc::downgrade(live);
     let (id, generation) = (id.to_string(), generation.to_string());
     let fd = handle.pidfd().try_clone_to_owned();
@@ -44,7 +67,10 @@ pub(super) fn watch(live: &Arc<LiveMap>, id: &str, generation: &str, handle: Arc
                         let _ = tokio::task::spawn_blocking(move || wait_forever(&h)).await;
                     }
                 }
-                exited(&live, &id, &generation, &handle);
+                let _ = tokio::task::spawn_blocking(move || {
+                    exited(&live, &cleanup, &id, &generation, &handle)
+                })
+                .await;
             });
         }
         (_, fd) => {
@@ -53,7 +79,7 @@ pub(super) fn watch(live: &Arc<LiveMap>, id: &str, generation: &str, handle: Arc
             }
             std::thread::spawn(move || {
                 wait_forever(&handle);
-                exited(&live, &id, &generation, &handle);
+                exited(&live, &cleanup, &id, &generation, &handle);
             });
         }
     }
@@ -63,20 +89,53 @@ fn wait_forever(handle: &ProcHandle) {
     while !handle.wait_exit(Duration::from_secs(3600)) {}
 }
 
-fn exited(live: &Weak<LiveMap>, id: &str, generation: &str, handle: &ProcHandle) {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exited(
+    live: &Weak<LiveMap>,
+    cleanup: &Cleanup,
+    id: &str,
+    generation: &str,
+    handle: &ProcHandle,
+) {
     let status = handle.reap();
     let Some(live) = live.upgrade() else {
         return;
     };
-    let mut map = live.lock().unwrap_or_else(|e| e.into_inner());
-    match map.get_mut(id) {
-        Some(l) if l.record.generation == generation => {
-            l.record.status = SandboxStatus::Exited;
-            info!(sandbox_id = %id, generation = %generation, pid = handle.pid, ?status, "sandbox exited");
+    let deleted = || debug!(sandbox_id = %id, generation = %generation, pid = handle.pid, "deleted sandbox exited");
+    // This incarnation's teardown lock, then (under the live-map lock,
+    // fenced on the generation) the record: a delete that removed it
+    // meanwhile means there is nothing left to do.
+    let teardown = match lock(&live).get(id) {
+        Some(l) if l.record.generation == generation => l.teardown.clone(),
+        _ => return deleted(),
+    };
+    let _teardown = lock(&teardown);
+    let netns = {
+        let mut map = lock(&live);
+        let Some(l) = map
+            .get_mut(id)
+            .filter(|l| l.record.generation == generation)
+        else {
+            return deleted();
+        };
+        l.record.status = SandboxStatus::Exited;
+        // Read before the cgroup goes, so the listing keeps `oom_killed`.
+        if l.cgroup.as_ref().is_some_and(|cg| cg.oom_kills() > 0) {
+            l.record.oom_killed = Some(true);
         }
-        // Deleted (or replaced) before it exited: the usual end.
-        _ => {
-            debug!(sandbox_id = %id, generation = %generation, pid = handle.pid, "deleted sandbox exited")
-        }
+        l.cgroup = None;
+        info!(sandbox_id = %id, generation = %generation, pid = handle.pid, ?status,
+              oom_killed = l.record.oom_killed == Some(true), "sandbox exited");
+        l.netns.take()
+    };
+    // The namespace goes with its last user: its fd is no longer needed.
+    drop(netns);
+    super::kill_and_remove_cgroup(&cleanup.cgroups, id);
+    if let Err(e) = cleanup.state.remove_bundle(id) {
+        warn!(sandbox_id = %id, error = %e, "cannot remove the bundle of an exited sandbox");
     }
+    info!(sandbox_id = %id, generation = %generation, "exited sandbox cleaned up: netns fd, cgroup, bundle");
 }

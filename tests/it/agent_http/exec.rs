@@ -286,3 +286,30 @@ fn an_abandoned_request_kills_its_command() {
         proc_state(leader)
     );
 }
+
+/// The daemon passes its exec timeout minus a margin: caps above the old
+/// fixed bound (180 s) are accepted; nonsense is refused at start.
+#[test]
+fn the_exec_cap_may_exceed_the_old_bound() {
+    let agent = Agent::start(&[("SANDBOX_AGENT_EXEC_CAP_SECONDS", "590")]);
+    let d = agent.exec(json!({"command": "echo up"}));
+    assert_eq!(d["output"], "up\n");
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")).with_file_name("sandbox-agent");
+    for bad in ["0", "-1", "nan", "inf", "86401"] {
+        let mut child = std::process::Command::new(&bin)
+            .args(["--listen", "127.0.0.1:0", "--exec-cap-seconds", bad])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let ended = eventually(Duration::from_secs(5), || {
+            matches!(child.try_wait(), Ok(Some(_)))
+        });
+        if !ended {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+        assert!(ended, "--exec-cap-seconds {bad} was accepted");
+    }
+}

@@ -1,6 +1,7 @@
 //! File routes, error envelopes and status codes, streamed transfers.
 
 use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -306,4 +307,149 @@ fn upload_and_download_are_streamed_and_byte_exact() {
             .status,
         400
     );
+}
+
+#[test]
+fn missing_paths_say_they_do_not_exist() {
+    let agent = Agent::start(&[]);
+    let missing = agent.path("no/such.txt");
+    let m = missing.display().to_string();
+    let cases = [
+        ("/v1/file/read", json!({"file": m})),
+        ("/v1/file/list", json!({"path": m})),
+        ("/v1/file/find", json!({"path": m, "glob": "*"})),
+        (
+            "/v1/file/str_replace_editor",
+            json!({"command": "view", "path": m}),
+        ),
+        (
+            "/v1/file/str_replace_editor",
+            json!({"command": "str_replace", "path": m, "old_str": "a", "new_str": "b"}),
+        ),
+        (
+            "/v1/file/str_replace_editor",
+            json!({"command": "insert", "path": m, "insert_line": 0, "new_str": "b"}),
+        ),
+    ];
+    for (route, body) in cases {
+        let r = agent.post_json(route, body.clone());
+        let v = r.json();
+        assert_eq!(r.status, 404, "{route} {body}: {v}");
+        let message = v["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{m} does not exist")),
+            "{route} {body}: {message:?}"
+        );
+    }
+    let r = agent.request("GET", &format!("/v1/file/download?path={m}"), &[], b"");
+    let message = r.json()["message"].as_str().unwrap().to_string();
+    assert_eq!(r.status, 404, "{message}");
+    assert!(
+        message.contains(&format!("{m} does not exist")),
+        "{message:?}"
+    );
+}
+
+/// One request on a fresh connection; the status code and (up to 64 KiB
+/// of) the body, or `None` when no response head arrives within `wait`.
+fn bounded_request(
+    agent: &Agent,
+    method: &str,
+    target: &str,
+    body: &[u8],
+    wait: Duration,
+) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", agent.port)).unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
+    let head = format!(
+        "{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let deadline = Instant::now() + wait;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while raw.len() < 64 * 1024 && Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// A sandbox can plant a FIFO or a symlink to a device where the platform
+/// expects a file: every file endpoint refuses it at once (400) instead of
+/// blocking in `open` or streaming forever. Run under a 1 GiB address-space
+/// limit so an agent that reads `/dev/zero` whole fails instead of eating
+/// the host's memory.
+#[test]
+fn special_files_are_refused_not_streamed() {
+    let agent = Agent::start_wrapped(&["prlimit", "--as=1073741824"], &[]);
+    nix::unistd::mkfifo(
+        &agent.path("pipe"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/dev/zero", agent.path("out.csv")).unwrap();
+    let wait = Duration::from_secs(5);
+    for name in ["pipe", "out.csv"] {
+        let p = agent.path(name).display().to_string();
+        let posts = [
+            ("/v1/file/read", json!({"file": p})),
+            ("/v1/file/write", json!({"file": p, "content": "x"})),
+            (
+                "/v1/file/str_replace_editor",
+                json!({"command": "view", "path": p}),
+            ),
+            (
+                "/v1/file/str_replace_editor",
+                json!({"command": "str_replace", "path": p, "old_str": "a", "new_str": "b"}),
+            ),
+        ];
+        for (route, body) in posts {
+            let started = Instant::now();
+            let got = bounded_request(&agent, "POST", route, body.to_string().as_bytes(), wait);
+            let (status, text) =
+                got.unwrap_or_else(|| panic!("{route} {name}: no answer within {wait:?}"));
+            assert_eq!(status, 400, "{route} {name}: {text}");
+            assert!(
+                text.contains("is not a regular file"),
+                "{route} {name}: {text}"
+            );
+            assert!(started.elapsed() < wait);
+        }
+        let got = bounded_request(
+            &agent,
+            "GET",
+            &format!("/v1/file/download?path={p}"),
+            b"",
+            wait,
+        );
+        let (status, text) =
+            got.unwrap_or_else(|| panic!("download {name}: no answer within {wait:?}"));
+        assert_eq!(
+            status,
+            400,
+            "download {name}: {}",
+            &text[..text.len().min(200)]
+        );
+        assert!(
+            text.contains("is not a regular file"),
+            "download {name}: {text}"
+        );
+    }
+    // The agent is still fine, and regular files (procfs included) still work.
+    std::fs::write(agent.path("ok.txt"), "fine\n").unwrap();
+    let r = agent.post_json("/v1/file/read", json!({"file": "ok.txt"}));
+    assert_eq!(r.status, 200);
+    let r = agent.request("GET", "/v1/file/download?path=/proc/self/status", &[], b"");
+    assert_eq!(r.status, 200);
+    assert!(String::from_utf8_lossy(&r.body).contains("Pid:"));
 }

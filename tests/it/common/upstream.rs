@@ -58,7 +58,9 @@ async fn handle(req: Request<Incoming>, peer: SocketAddr) -> Result<Response<Bod
             .header("cache-control", "no-store")
             .header("content-disposition", "inline")
             .header("last-modified", "Sun, 29 Nov 2026 00:00:00 GMT")
-            .header("x-custom", "kept")
+            .header("x-custom", "from-the-sandbox")
+            .header("set-cookie", "session=planted; Path=/")
+            .header("location", "http://evil.example/")
             .header("keep-alive", "timeout=5")
             .body(super::full(serde_json::to_vec(&v).unwrap()))
             .unwrap()
@@ -83,6 +85,10 @@ async fn handle(req: Request<Incoming>, peer: SocketAddr) -> Result<Response<Bod
             .header("content-type", "text/plain")
             .body(StreamBody::new(stream).boxed())
             .unwrap()
+    } else if path.ends_with("/hang") {
+        // Never answers (a sandbox that accepted the request and stalls).
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Response::new(super::full(""))
     } else if path.ends_with("/upload") {
         let mut body = req.into_body();
         let mut n = 0u64;
