@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
 
@@ -105,6 +107,25 @@ pub fn owned_by_pod(name: &str, pod_uid: &str) -> OwnerReference {
         uid: pod_uid.into(),
         controller: Some(true),
         block_owner_deletion: None,
+    }
+}
+
+/// The metadata of an object owned by sandbox `sandbox_id`'s Pod
+/// (`pod_uid`): the Pod's name, our labels, the sandbox id annotation and
+/// the owner reference that makes the garbage collector remove it with the
+/// Pod.
+pub fn pod_owned_metadata(sandbox_id: &str, namespace: &str, pod_uid: &str) -> ObjectMeta {
+    let name = object_name(sandbox_id);
+    ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(namespace.to_string()),
+        labels: Some(labels(sandbox_id)),
+        annotations: Some(BTreeMap::from([(
+            ANN_SANDBOX_ID.to_string(),
+            sandbox_id.to_string(),
+        )])),
+        owner_references: Some(vec![owned_by_pod(&name, pod_uid)]),
+        ..Default::default()
     }
 }
 

@@ -15,7 +15,7 @@ use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::names;
@@ -210,7 +210,6 @@ pub fn build_network_policy(
     container_port: u16,
     c: &NetPolicyConfig,
 ) -> NetworkPolicy {
-    let name = names::object_name(sandbox_id);
     let mut from = vec![NetworkPolicyPeer {
         namespace_selector: Some(selector(&c.ingress_namespace_labels)),
         pod_selector: Some(selector(&c.ingress_pod_labels)),
@@ -245,17 +244,7 @@ pub fn build_network_policy(
         ports: h.port.map(|(n, proto)| vec![port(proto, i32::from(n))]),
     }));
     NetworkPolicy {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(namespace.into()),
-            labels: Some(names::labels(sandbox_id)),
-            annotations: Some(BTreeMap::from([(
-                names::ANN_SANDBOX_ID.to_string(),
-                sandbox_id.to_string(),
-            )])),
-            owner_references: Some(vec![names::owned_by_pod(&name, pod_uid)]),
-            ..Default::default()
-        },
+        metadata: names::pod_owned_metadata(sandbox_id, namespace, pod_uid),
         spec: Some(NetworkPolicySpec {
             pod_selector: selector(&names::pod_selector_labels(sandbox_id)),
             policy_types: Some(vec!["Ingress".into(), "Egress".into()]),

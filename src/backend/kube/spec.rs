@@ -378,19 +378,8 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
 /// its Pod (`pod_uid`). Only the sandbox container's environment refers to
 /// it (`secretKeyRef`); the agent removes the variable at start.
 pub fn build_secret(sandbox_id: &str, pod_uid: &str, credential: &str, c: &SpecConfig) -> Secret {
-    let name = names::object_name(sandbox_id);
     Secret {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(c.namespace.clone()),
-            labels: Some(names::labels(sandbox_id)),
-            annotations: Some(BTreeMap::from([(
-                names::ANN_SANDBOX_ID.to_string(),
-                sandbox_id.to_string(),
-            )])),
-            owner_references: Some(vec![names::owned_by_pod(&name, pod_uid)]),
-            ..Default::default()
-        },
+        metadata: names::pod_owned_metadata(sandbox_id, &c.namespace, pod_uid),
         type_: Some("Opaque".into()),
         immutable: Some(true),
         data: Some(BTreeMap::from([(
@@ -404,20 +393,9 @@ pub fn build_secret(sandbox_id: &str, pod_uid: &str, credential: &str, c: &SpecC
 /// The Service of one sandbox incarnation, owned by its Pod (`pod_uid`) so
 /// the garbage collector removes it with the Pod if the daemon cannot.
 pub fn build_service(sandbox_id: &str, pod_uid: &str, c: &SpecConfig) -> Service {
-    let name = names::object_name(sandbox_id);
     let port = i32::from(c.container_port);
     Service {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(c.namespace.clone()),
-            labels: Some(names::labels(sandbox_id)),
-            annotations: Some(BTreeMap::from([(
-                names::ANN_SANDBOX_ID.to_string(),
-                sandbox_id.to_string(),
-            )])),
-            owner_references: Some(vec![names::owned_by_pod(&name, pod_uid)]),
-            ..Default::default()
-        },
+        metadata: names::pod_owned_metadata(sandbox_id, &c.namespace, pod_uid),
         spec: Some(ServiceSpec {
             type_: Some(
                 match c.connect_mode {
