@@ -672,12 +672,22 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_NETWORK_RESOLV_CONF", Setter::Text(|c, v| c.network.resolv_conf = v.into())),
     ("SANDBOXD_NETWORK_TABLE", Setter::Text(|c, v| c.network.table = v)),
     ("SANDBOXD_NETWORK_LINK_PREFIX", Setter::Text(|c, v| c.network.link_prefix = v)),
-    ("SANDBOXD_PROXY_RESPONSE_HEADERS", Setter::Text(|c, v| c.proxy.response_headers = split_list(&v))),
+    ("SANDBOXD_PROXY_RESPONSE_HEADERS", Setter::Text(|c, v| c.proxy.response_headers = split_commas(&v))),
     ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(c.proxy.head_timeout_seconds.get_or_insert(0), v))),
     ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.proxy.body_idle_timeout_seconds, v))),
     ("SANDBOXD_DELETE_GRACE_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.delete_grace_seconds, v))),
     ("SANDBOXD_STOP_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.stop_timeout_seconds, v))),
 ];
+
+/// A comma-separated list, items trimmed, blank items dropped (a header
+/// name with a space stays one, invalid, item).
+fn split_commas(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
 
 /// A comma- or white-space-separated list (empty entries dropped).
 fn split_list(v: &str) -> Vec<String> {
