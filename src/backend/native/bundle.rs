@@ -586,6 +586,20 @@ mod tests {
             .collect()
     }
 
+    /// The spec of an ephemeral sandbox without cgroup path or seccomp.
+    fn ephemeral_spec(base: &Spec, host: &HostLayout) -> Spec {
+        build_spec(
+            base,
+            &sspec(StorageMode::Ephemeral, None),
+            "g1",
+            host,
+            Path::new("/b/files"),
+            None,
+            None,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn persistent_with_workdir() {
         let base = load_base(None).unwrap();
@@ -654,16 +668,7 @@ mod tests {
     #[test]
     fn ephemeral_has_no_host_user_paths() {
         let base = load_base(None).unwrap();
-        let s = build_spec(
-            &base,
-            &sspec(StorageMode::Ephemeral, None),
-            "g1",
-            &host(),
-            Path::new("/b/files"),
-            None,
-            None,
-        )
-        .unwrap();
+        let s = ephemeral_spec(&base, &host());
         assert!(!dests(&s).contains(&GUEST.skills.to_string()));
         for m in s.mounts().as_ref().unwrap() {
             let src = m.source().as_ref().map(|p| p.to_string_lossy().to_string());
@@ -681,16 +686,7 @@ mod tests {
         let devices = |enforced: bool| {
             let mut h = host();
             h.device_rules_enforced = enforced;
-            let s = build_spec(
-                &base,
-                &sspec(StorageMode::Ephemeral, None),
-                "g1",
-                &h,
-                Path::new("/b/files"),
-                None,
-                None,
-            )
-            .unwrap();
+            let s = ephemeral_spec(&base, &h);
             let r = s.linux().as_ref().unwrap().resources().clone().unwrap();
             (r.devices().clone().map(|d| d.len()), r.pids().is_some())
         };
@@ -704,16 +700,7 @@ mod tests {
     #[test]
     fn limits_are_the_cgroup_builders_over_the_base_devices() {
         let base = load_base(None).unwrap();
-        let s = build_spec(
-            &base,
-            &sspec(StorageMode::Ephemeral, None),
-            "g1",
-            &host(),
-            Path::new("/b/files"),
-            None,
-            None,
-        )
-        .unwrap();
+        let s = ephemeral_spec(&base, &host());
         let r = serde_json::to_value(s.linux().as_ref().unwrap().resources()).unwrap();
         let mut expected =
             serde_json::to_value(base.linux().as_ref().unwrap().resources()).unwrap();

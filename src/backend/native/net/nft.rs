@@ -164,6 +164,16 @@ impl Policy {
     }
 }
 
+/// The stdout of a finished `nft`, or its stderr as the error.
+fn checked(out: std::process::Output) -> Result<Vec<u8>, NftError> {
+    if !out.status.success() {
+        return Err(NftError::Failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(out.stdout)
+}
+
 impl Nft {
     /// Runs an nft script (one transaction).
     pub fn run(&self, script: &str) -> Result<(), NftError> {
@@ -173,28 +183,14 @@ impl Nft {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|source| NftError::Spawn {
-                nft: self.program.clone(),
-                source,
-            })?;
+            .map_err(|e| self.spawn_error(e))?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin
                 .write_all(script.as_bytes())
-                .map_err(|source| NftError::Spawn {
-                    nft: self.program.clone(),
-                    source,
-                })?;
+                .map_err(|e| self.spawn_error(e))?;
         }
-        let out = child.wait_with_output().map_err(|source| NftError::Spawn {
-            nft: self.program.clone(),
-            source,
-        })?;
-        if !out.status.success() {
-            return Err(NftError::Failed(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ));
-        }
-        Ok(())
+        let out = child.wait_with_output().map_err(|e| self.spawn_error(e))?;
+        checked(out).map(drop)
     }
 
     /// `nft -j list <what>`, parsed.
@@ -205,16 +201,16 @@ impl Nft {
             .args(what)
             .stdin(Stdio::null())
             .output()
-            .map_err(|source| NftError::Spawn {
-                nft: self.program.clone(),
-                source,
-            })?;
-        if !out.status.success() {
-            return Err(NftError::Failed(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ));
+            .map_err(|e| self.spawn_error(e))?;
+        let stdout = checked(out)?;
+        serde_json::from_slice(&stdout).map_err(|e| NftError::Failed(e.to_string()))
+    }
+
+    fn spawn_error(&self, source: std::io::Error) -> NftError {
+        NftError::Spawn {
+            nft: self.program.clone(),
+            source,
         }
-        serde_json::from_slice(&out.stdout).map_err(|e| NftError::Failed(e.to_string()))
     }
 
     /// The drop counters of `table`: (reason, packets).
