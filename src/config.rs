@@ -496,6 +496,103 @@ impl Default for NetworkConfig {
     }
 }
 
+/// Whether native sandboxes get a user namespace (`[userns] mode`,
+/// `SANDBOXD_USERNS`; see `docs/security.md#user-namespaces`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum UsernsMode {
+    /// `auto` (default): on when the kernel and the filesystems of the
+    /// user-data and skills roots (and the other bound paths) support
+    /// idmapped mounts, checked at start with a probe mount; off
+    /// otherwise, said in the log.
+    Auto,
+    /// `on`: the daemon refuses to start without that support.
+    On,
+    /// `off`: every sandbox runs as host uid 1000 (the behaviour before
+    /// user namespaces).
+    Off,
+}
+
+impl std::str::FromStr for UsernsMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(UsernsMode::Auto),
+            "on" => Ok(UsernsMode::On),
+            "off" => Ok(UsernsMode::Off),
+            other => Err(format!("userns.mode {other:?} is not auto, on or off")),
+        }
+    }
+}
+
+impl TryFrom<String> for UsernsMode {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+/// Host ids of one sandbox's user namespace: container ids `0..65536`.
+pub const USERNS_SLOT: u32 = 65536;
+
+/// User namespaces of native sandboxes (`[userns]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UsernsConfig {
+    pub mode: UsernsMode,
+    /// The first host uid/gid of the pool the sandboxes' ranges come from
+    /// (default 2^31, far above any real user or the usual
+    /// `/etc/subuid` ranges). A multiple of 65536.
+    pub range_start: u32,
+    /// How many host ids the pool holds (a multiple of 65536: one slot of
+    /// 65536 per sandbox; default 2^30, 16384 sandboxes).
+    pub range_count: u32,
+}
+
+impl Default for UsernsConfig {
+    fn default() -> Self {
+        UsernsConfig {
+            mode: UsernsMode::Auto,
+            range_start: 1 << 31,
+            range_count: 1 << 30,
+        }
+    }
+}
+
+impl UsernsConfig {
+    /// Number of sandbox slots in the pool.
+    pub fn slots(&self) -> u32 {
+        self.range_count / USERNS_SLOT
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("userns: {m}")));
+        if self.range_start < USERNS_SLOT || self.range_start % USERNS_SLOT != 0 {
+            return bad(format!(
+                "range_start {} must be a multiple of 65536 and at least 65536 (host ids below belong to real users)",
+                self.range_start
+            ));
+        }
+        if self.range_count < USERNS_SLOT || self.range_count % USERNS_SLOT != 0 {
+            return bad(format!(
+                "range_count {} must be a positive multiple of 65536 (one slot per sandbox)",
+                self.range_count
+            ));
+        }
+        // The last id must stay below 2^32 - 1 ((uid_t)-1 means "no id").
+        if u64::from(self.range_start) + u64::from(self.range_count) > u64::from(u32::MAX) {
+            return bad(format!(
+                "range_start + range_count = {} exceeds the largest host id {}",
+                u64::from(self.range_start) + u64::from(self.range_count),
+                u32::MAX - 1
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The whole daemon configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -553,6 +650,7 @@ pub struct Config {
     pub kubernetes: KubeConfig,
     pub network: NetworkConfig,
     pub proxy: ProxyConfig,
+    pub userns: UsernsConfig,
 }
 
 impl Default for Config {
@@ -590,6 +688,7 @@ impl Default for Config {
             kubernetes: KubeConfig::default(),
             network: NetworkConfig::default(),
             proxy: ProxyConfig::default(),
+            userns: UsernsConfig::default(),
         }
     }
 }
@@ -665,6 +764,7 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
     ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_USERNS", Setter::Parsed(|c, v| { c.userns.mode = v.trim().parse()?; Ok(()) })),
     ("SANDBOXD_NETWORK_SUBNET", Setter::Text(|c, v| c.network.subnet = v)),
     ("SANDBOXD_NETWORK_ALLOW", Setter::Any(|c, v| { c.network.allow = split_list(v); Ok(()) })),
     ("SANDBOXD_NETWORK_DENY", Setter::Any(|c, v| { c.network.deny = split_list(v); Ok(()) })),
@@ -881,6 +981,7 @@ impl Config {
                 "stop_timeout_seconds must be at least 1".into(),
             ));
         }
+        self.userns.validate()?;
         let l = &self.limits;
         if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
             return Err(ConfigError::Invalid(
@@ -944,6 +1045,40 @@ mod tests {
         assert_eq!(c.backend, BackendKind::Native);
         assert_eq!(c.listen_addr().unwrap().to_string(), "127.0.0.1:8002");
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn userns_section_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[userns]\nmode = \"on\"\nrange_start = 131072\nrange_count = 196608\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.userns.mode, UsernsMode::On);
+        assert_eq!(c.userns.slots(), 3);
+        c.validate().unwrap();
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_USERNS", "off")])).unwrap();
+        assert_eq!(c.userns.mode, UsernsMode::Off);
+        assert!(Config::load(Some(&p), &env(&[("SANDBOXD_USERNS", "maybe")])).is_err());
+        let d = Config::default();
+        assert_eq!(d.userns.mode, UsernsMode::Auto);
+        assert_eq!((d.userns.range_start, d.userns.slots()), (1 << 31, 16384));
+        for (start, count) in [
+            (1000, 65536),
+            (0, 65536),
+            (131072, 1000),
+            (131072, 0),
+            (u32::MAX - 65535, 65536),
+        ] {
+            let mut c = Config::default();
+            c.userns.range_start = start;
+            c.userns.range_count = count;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("userns"), "{e}");
+        }
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod native_isolation;
 mod native_parity;
 mod native_runc;
 mod native_seccomp;
+mod native_userns;
 mod network;
 mod operator;
 mod seccomp_cli;

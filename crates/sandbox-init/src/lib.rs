@@ -18,6 +18,7 @@ use oci_spec::runtime::{LinuxNamespaceType, Spec};
 
 pub mod mounts;
 pub mod process;
+pub mod userns;
 
 use sandbox_abi::failpoint::Point;
 use sandbox_abi::handoff::{
@@ -37,6 +38,8 @@ pub enum InitError {
     JoinCgroup(String),
     #[error("unshare: {0}")]
     Unshare(nix::Error),
+    #[error("{0}")]
+    Userns(String),
     #[error("fork: {0}")]
     Fork(nix::Error),
     #[error("make / private: {0}")]
@@ -80,6 +83,7 @@ impl InitError {
             InitError::Seccomp(_) => "seccomp",
             InitError::JoinCgroup(_) => "join_cgroup",
             InitError::Unshare(_) => "unshare",
+            InitError::Userns(_) => "userns",
             InitError::Fork(_) => "fork",
             InitError::MakePrivate(_) => "make_private",
             InitError::Mount { .. } => "mount",
@@ -103,13 +107,25 @@ pub struct Args {
     pub bundle: PathBuf,
     pub report_fd: Option<RawFd>,
     pub ready_fd: Option<RawFd>,
+    /// `--probe-idmap PATH` (repeatable) with `--probe-base N`: check that
+    /// idmapped mounts work for these paths and exit (the daemon's
+    /// start-up probe), instead of launching a bundle.
+    pub probe_idmap: Vec<PathBuf>,
+    pub probe_base: u32,
 }
+
+/// `--probe-idmap`: a path to check idmapped mounts on.
+pub const PROBE_IDMAP_ARG: &str = "--probe-idmap";
+/// `--probe-base`: the first host id of the probe's user namespace.
+pub const PROBE_BASE_ARG: &str = "--probe-base";
 
 impl Args {
     pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut bundle = None;
         let mut report_fd = None;
         let mut ready_fd = None;
+        let mut probe_idmap = Vec::new();
+        let mut probe_base = 1u32 << 31;
         while let Some(a) = it.next() {
             let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
             match a.as_str() {
@@ -120,13 +136,30 @@ impl Args {
                 READY_FD_ARG => {
                     ready_fd = Some(val(READY_FD_ARG)?.parse().map_err(|_| "bad --ready-fd")?)
                 }
+                PROBE_IDMAP_ARG => probe_idmap.push(PathBuf::from(val(PROBE_IDMAP_ARG)?)),
+                PROBE_BASE_ARG => {
+                    probe_base = val(PROBE_BASE_ARG)?
+                        .parse()
+                        .map_err(|_| "bad --probe-base")?
+                }
                 other => return Err(format!("unknown argument {other:?}")),
             }
+        }
+        if !probe_idmap.is_empty() {
+            return Ok(Args {
+                bundle: PathBuf::new(),
+                report_fd,
+                ready_fd,
+                probe_idmap,
+                probe_base,
+            });
         }
         Ok(Args {
             bundle: bundle.ok_or("--bundle DIR is required")?,
             report_fd,
             ready_fd,
+            probe_idmap,
+            probe_base,
         })
     }
 }
@@ -134,6 +167,15 @@ impl Args {
 /// Entry point of the binary; returns the exit code on failure (success
 /// never returns: the process becomes the payload).
 pub fn main_with(args: Args) -> i32 {
+    if !args.probe_idmap.is_empty() {
+        return match userns::probe(&args.probe_idmap, args.probe_base) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("{e}");
+                1
+            }
+        };
+    }
     let reporter = match args.report_fd {
         // SAFETY: the daemon hands us this fd and nothing else in this
         // process owns it.
@@ -160,6 +202,7 @@ fn ns_flag(t: LinuxNamespaceType) -> Result<CloneFlags, InitError> {
         LinuxNamespaceType::Ipc => CloneFlags::CLONE_NEWIPC,
         LinuxNamespaceType::Uts => CloneFlags::CLONE_NEWUTS,
         LinuxNamespaceType::Cgroup => CloneFlags::CLONE_NEWCGROUP,
+        LinuxNamespaceType::User => CloneFlags::CLONE_NEWUSER,
         other => {
             return Err(InitError::Spec(format!(
                 "namespace {other:?} is not supported by sandbox-init"
@@ -265,7 +308,68 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         }
         flags |= ns_flag(ns.typ())?;
     }
-    nix::sched::unshare(flags).map_err(InitError::Unshare)?;
+    let with_userns = flags.contains(CloneFlags::CLONE_NEWUSER);
+    if with_userns {
+        // 5u. With a user namespace (see userns.rs and
+        //     docs/security.md#user-namespaces): create it; in a mount
+        //     namespace of our own, still as host root, build the
+        //     sandbox's tree with every bind idmapped through it (idmapping
+        //     needs host privileges) and every mount that must belong to
+        //     the sandbox's own namespaces left for PID 1; set what needs
+        //     host privileges (rlimits, OOM score); then join the user
+        //     namespace and create the other namespaces from inside it,
+        //     so its root owns them. The copy of the mount tree into a
+        //     namespace owned by the sandbox locks every mount in it: its
+        //     root can neither unmount one nor make a read-only one
+        //     writable.
+        let uid = id_maps(linux.uid_mappings().as_deref())?;
+        let gid = id_maps(linux.gid_mappings().as_deref())?;
+        let owner = userns::to_host(&uid, 0)
+            .ok_or_else(|| InitError::Spec("linux.uidMappings does not map uid 0".into()))?;
+        let ns = userns::create(&uid, &gid, owner).map_err(InitError::Userns)?;
+        nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(InitError::Unshare)?;
+        make_private()?;
+        let idmap = mounts::Idmap {
+            userns: std::os::fd::AsFd::as_fd(&ns),
+            uid: &uid,
+            gid: &gid,
+        };
+        mounts::bind_rootfs(&rootfs)?;
+        for m in spec.mounts().clone().unwrap_or_default() {
+            if mounts::is_deferred(&m) {
+                mounts::make_mount_point(&mounts::beneath(&rootfs, m.destination()), false)?;
+            } else {
+                mounts::apply(&rootfs, &m, Some(&idmap))?;
+            }
+        }
+        mounts::create_devices(
+            &rootfs,
+            &linux.devices().clone().unwrap_or_default(),
+            Some(&uid),
+            Some(&gid),
+        )?;
+        // The root read-only now, so that the copy below locks it so.
+        if root.readonly() == Some(true) {
+            mounts::remount_readonly(&rootfs)?;
+        }
+        // PID 1 works from here (the sandbox's root may not search the
+        // daemon's state directory); the next unshare carries the
+        // current directory into the new mount namespace.
+        nix::unistd::chdir(&rootfs).map_err(|e| InitError::Mount {
+            step: "chdir rootfs",
+            path: rootfs.clone(),
+            message: e.to_string(),
+        })?;
+        process::set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
+        if let Some(score) = process.oom_score_adj() {
+            process::set_oom_score_adj(score)?;
+        }
+        userns::enter(&ns).map_err(InitError::Userns)?;
+        drop(ns);
+        nix::sched::unshare(flags - CloneFlags::CLONE_NEWUSER).map_err(InitError::Unshare)?;
+    } else {
+        nix::sched::unshare(flags).map_err(InitError::Unshare)?;
+    }
     failpoints.hit(Point::InitAfterNamespaces);
 
     // 6. Fork: the child is PID 1 of the new PID namespace. The parent
@@ -285,30 +389,46 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         ForkResult::Child => failpoints.after_fork_child(),
     }
 
-    // 7. Make every mount private before touching anything, so no mount
-    //    made below propagates to the host.
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(InitError::MakePrivate)?;
+    if with_userns {
+        // 8u. The mounts left for the sandbox's own namespaces, relative
+        //     to the rootfs (the current directory), then a fresh,
+        //     unlocked copy of the rootfs for pivot_root.
+        for m in spec.mounts().clone().unwrap_or_default() {
+            if mounts::is_deferred(&m) {
+                mounts::apply(Path::new("."), &m, None)?;
+            }
+        }
+        failpoints.hit(Point::InitAfterMounts);
+        userns::reattach_cwd().map_err(|message| InitError::Mount {
+            step: "reattach rootfs",
+            path: rootfs.clone(),
+            message,
+        })?;
+        mounts::pivot(Path::new("."))?;
+    } else {
+        // 7. Make every mount private before touching anything, so no
+        //    mount made below propagates to the host.
+        make_private()?;
 
-    // 8. The rootfs and the mount table, in the spec's order (tmpfs homes
-    //    before the binds inside them). Bind sources are opened without
-    //    following any symlink and mounted from the fd.
-    mounts::bind_rootfs(&rootfs)?;
-    for m in spec.mounts().clone().unwrap_or_default() {
-        mounts::apply(&rootfs, &m)?;
+        // 8. The rootfs and the mount table, in the spec's order (tmpfs
+        //    homes before the binds inside them). Bind sources are opened
+        //    without following any symlink and mounted from the fd.
+        mounts::bind_rootfs(&rootfs)?;
+        for m in spec.mounts().clone().unwrap_or_default() {
+            mounts::apply(&rootfs, &m, None)?;
+        }
+        mounts::create_devices(
+            &rootfs,
+            &linux.devices().clone().unwrap_or_default(),
+            None,
+            None,
+        )?;
+        failpoints.hit(Point::InitAfterMounts);
+
+        // 9. pivot_root into the rootfs and detach the host's root: from
+        //    here on no host path is reachable.
+        mounts::pivot(&rootfs)?;
     }
-    mounts::create_devices(&rootfs, &linux.devices().clone().unwrap_or_default())?;
-    failpoints.hit(Point::InitAfterMounts);
-
-    // 9. pivot_root into the rootfs and detach the host's root: from here
-    //    on no host path is reachable.
-    mounts::pivot(&rootfs)?;
 
     // 10. Masked and read-only paths (inside the new root, over the new
     //     /proc and /sys), then the root itself read-only.
@@ -333,7 +453,11 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
 
     // 12. Resource limits and umask, inherited by everything the payload
     //     starts.
-    process::set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
+    //     (With a user namespace, set at step 5u: raising a hard limit
+    //     needs host privileges.)
+    if !with_userns {
+        process::set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
+    }
     let umask = process.user().umask().unwrap_or(0o077);
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
 
@@ -344,7 +468,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //     so this runs before privileges are dropped, and it runs after the
     //     fork so only the container's processes carry it. The agent puts
     //     every command it starts back to 0.
-    if let Some(score) = process.oom_score_adj() {
+    if let Some(score) = process.oom_score_adj().filter(|_| !with_userns) {
         process::set_oom_score_adj(score)?;
     }
 
@@ -355,7 +479,9 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //     (needs CAP_SETPCAP, so still as root), then groups, gid, uid;
     //     then verify that every set is empty.
     process::drop_inheritable_caps()?;
-    process::switch_user(process.user())?;
+    //     (In a user namespace setgroups is denied: the host's
+    //     supplementary groups were dropped before the join.)
+    process::switch_user(process.user(), !with_userns)?;
     process::verify_no_caps()?;
 
     // 16. The working directory, entered as the sandbox user and resolved
@@ -381,6 +507,40 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         path: path.to_string_lossy().to_string(),
         source: e,
     })
+}
+
+/// `mount --make-rprivate /`: nothing mounted afterwards propagates to
+/// the host.
+fn make_private() -> Result<(), InitError> {
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(InitError::MakePrivate)
+}
+
+/// The spec's `linux.uidMappings`/`gidMappings`.
+fn id_maps(
+    maps: Option<&[oci_spec::runtime::LinuxIdMapping]>,
+) -> Result<Vec<userns::IdMap>, InitError> {
+    let maps: Vec<userns::IdMap> = maps
+        .unwrap_or_default()
+        .iter()
+        .map(|m| userns::IdMap {
+            container: m.container_id(),
+            host: m.host_id(),
+            size: m.size(),
+        })
+        .collect();
+    if maps.is_empty() {
+        return Err(InitError::Spec(
+            "a user namespace needs linux.uidMappings and linux.gidMappings".into(),
+        ));
+    }
+    Ok(maps)
 }
 
 /// `chdir` to `cwd` without following a symlink in any component.

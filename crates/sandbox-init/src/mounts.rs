@@ -4,6 +4,7 @@
 //! Runs inside the sandbox's fresh, private mount namespace only: nothing
 //! here is visible on the host.
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,7 @@ use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use oci_spec::runtime::{LinuxDevice, LinuxDeviceType, Mount};
 
 use super::InitError;
+use crate::userns::IdMap;
 use sandbox_abi::paths;
 
 /// Splits OCI mount options into mount flags and filesystem data.
@@ -59,7 +61,7 @@ fn err(step: &'static str, path: &Path, e: impl std::fmt::Display) -> InitError 
 
 /// Creates the mount point: a directory, or an empty file when the source
 /// is a file.
-fn make_mount_point(target: &Path, is_file: bool) -> Result<(), InitError> {
+pub fn make_mount_point(target: &Path, is_file: bool) -> Result<(), InitError> {
     if target.symlink_metadata().is_ok() {
         return Ok(());
     }
@@ -72,9 +74,59 @@ fn make_mount_point(target: &Path, is_file: bool) -> Result<(), InitError> {
     }
 }
 
+/// The sandbox's user namespace, for the mounts the launcher makes as
+/// host root before it enters it (see [`userns`](crate::userns)).
+pub struct Idmap<'a> {
+    /// The namespace every bind mount is idmapped through.
+    pub userns: BorrowedFd<'a>,
+    /// Its maps: `uid=`/`gid=` options of filesystems mounted before the
+    /// join are translated to the host ids they stand for.
+    pub uid: &'a [IdMap],
+    pub gid: &'a [IdMap],
+}
+
+/// Mounts that must be made inside the sandbox's namespaces (the procfs
+/// of its PID namespace, the sysfs of its network namespace, the mqueue
+/// of its IPC namespace, a devpts whose `gid=` means its own group): with
+/// a user namespace they are made by PID 1 after the join, the others by
+/// the launcher before it.
+pub fn is_deferred(m: &Mount) -> bool {
+    matches!(
+        m.typ().as_deref(),
+        Some("proc" | "sysfs" | "mqueue" | "devpts")
+    )
+}
+
+/// `uid=N`/`gid=N` filesystem options with `N` translated by the maps.
+fn translate_ids(data: &str, idmap: &Idmap<'_>, target: &Path) -> Result<String, InitError> {
+    data.split(',')
+        .filter(|o| !o.is_empty())
+        .map(|o| {
+            let (key, maps) = match o.split_once('=') {
+                Some(("uid", _)) => ("uid", idmap.uid),
+                Some(("gid", _)) => ("gid", idmap.gid),
+                _ => return Ok(o.to_string()),
+            };
+            let id: u32 = o[key.len() + 1..]
+                .parse()
+                .map_err(|_| err("mount option", target, format!("bad {o:?}")))?;
+            let host = crate::userns::to_host(maps, id).ok_or_else(|| {
+                err(
+                    "mount option",
+                    target,
+                    format!("{o:?}: {key} {id} is not mapped in the user namespace"),
+                )
+            })?;
+            Ok(format!("{key}={host}"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(|v| v.join(","))
+}
+
 /// Applies one OCI mount beneath `rootfs`. Bind sources are opened with
-/// no symlink in any component and mounted from the opened fd.
-pub fn apply(rootfs: &Path, m: &Mount) -> Result<(), InitError> {
+/// no symlink in any component and mounted from the opened fd (with a
+/// user namespace, as a detached idmapped copy of that fd).
+pub fn apply(rootfs: &Path, m: &Mount, idmap: Option<&Idmap<'_>>) -> Result<(), InitError> {
     let target = beneath(rootfs, m.destination());
     let options = m.options().clone().unwrap_or_default();
     let (flags, recursive, data) = parse_options(&options);
@@ -89,6 +141,17 @@ pub fn apply(rootfs: &Path, m: &Mount) -> Result<(), InitError> {
             .map_err(|e| err("stat bind source", src, e))?;
         let is_file = (st.st_mode & libc::S_IFMT) != libc::S_IFDIR;
         make_mount_point(&target, is_file)?;
+        if let Some(idmap) = idmap {
+            let attrs = crate::userns::attrs_of(flags);
+            return crate::userns::bind_idmapped(
+                fd.as_fd(),
+                &target,
+                recursive,
+                attrs,
+                idmap.userns,
+            )
+            .map_err(|e| err("idmapped bind", &target, e));
+        }
         let mut bind = MsFlags::MS_BIND;
         if recursive {
             bind |= MsFlags::MS_REC;
@@ -115,6 +178,25 @@ pub fn apply(rootfs: &Path, m: &Mount) -> Result<(), InitError> {
         return Ok(());
     }
     make_mount_point(&target, false)?;
+    let data = match idmap {
+        Some(idmap) => {
+            // A tmpfs made before the join belongs to the sandbox's root
+            // unless its options name an owner.
+            let mut data = data;
+            if typ == "tmpfs" {
+                for key in ["uid", "gid"] {
+                    if !data.split(',').any(|o| o.starts_with(&format!("{key}="))) {
+                        if !data.is_empty() {
+                            data.push(',');
+                        }
+                        data.push_str(&format!("{key}=0"));
+                    }
+                }
+            }
+            translate_ids(&data, idmap, &target)?
+        }
+        None => data,
+    };
     let source = m
         .source()
         .as_ref()
@@ -131,7 +213,18 @@ pub fn apply(rootfs: &Path, m: &Mount) -> Result<(), InitError> {
 }
 
 /// Creates the device nodes listed in the spec under `rootfs/dev`.
-pub fn create_devices(rootfs: &Path, devices: &[LinuxDevice]) -> Result<(), InitError> {
+/// With a user namespace (`uid`/`gid` maps, nodes made before the join)
+/// their owners are the host ids the sandbox sees as theirs.
+pub fn create_devices(
+    rootfs: &Path,
+    devices: &[LinuxDevice],
+    uid: Option<&[IdMap]>,
+    gid: Option<&[IdMap]>,
+) -> Result<(), InitError> {
+    let host = |maps: Option<&[IdMap]>, id: u32| match maps {
+        Some(m) => crate::userns::to_host(m, id).unwrap_or(id),
+        None => id,
+    };
     for d in devices {
         let target = beneath(rootfs, d.path());
         let kind = match d.typ() {
@@ -153,8 +246,8 @@ pub fn create_devices(rootfs: &Path, devices: &[LinuxDevice]) -> Result<(), Init
             .map_err(|e| err("chmod device", &target, e))?;
         nix::unistd::chown(
             &target,
-            Some(nix::unistd::Uid::from_raw(d.uid().unwrap_or(0))),
-            Some(nix::unistd::Gid::from_raw(d.gid().unwrap_or(0))),
+            Some(nix::unistd::Uid::from_raw(host(uid, d.uid().unwrap_or(0)))),
+            Some(nix::unistd::Gid::from_raw(host(gid, d.gid().unwrap_or(0)))),
         )
         .map_err(|e| err("chown device", &target, e))?;
     }
@@ -253,14 +346,19 @@ pub fn make_readonly(path: &Path) -> Result<(), InitError> {
 
 /// Remounts the new root read-only.
 pub fn readonly_root() -> Result<(), InitError> {
+    remount_readonly(Path::new("/"))
+}
+
+/// Remounts the mount at `path` (a bind) read-only.
+pub fn remount_readonly(path: &Path) -> Result<(), InitError> {
     mount(
         None::<&str>,
-        "/",
+        path,
         None::<&str>,
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
         None::<&str>,
     )
-    .map_err(|e| err("remount root read-only", Path::new("/"), e))
+    .map_err(|e| err("remount root read-only", path, e))
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ pub fn drop_inheritable_caps() -> Result<(), InitError> {
 /// Switches to the spec's user: supplementary groups, gid, then uid (real,
 /// effective and saved). A setuid away from root without KEEP_CAPS clears
 /// the permitted and effective sets.
-pub fn switch_user(user: &User) -> Result<(), InitError> {
+pub fn switch_user(user: &User, may_setgroups: bool) -> Result<(), InitError> {
     use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
     let groups: Vec<Gid> = user
         .additional_gids()
@@ -177,7 +177,17 @@ pub fn switch_user(user: &User) -> Result<(), InitError> {
         .into_iter()
         .map(Gid::from_raw)
         .collect();
-    setgroups(&groups).map_err(|e| InitError::SwitchUser(format!("setgroups: {e}")))?;
+    if may_setgroups {
+        setgroups(&groups).map_err(|e| InitError::SwitchUser(format!("setgroups: {e}")))?;
+    } else {
+        let left = nix::unistd::getgroups()
+            .map_err(|e| InitError::SwitchUser(format!("getgroups: {e}")))?;
+        if !left.is_empty() || !groups.is_empty() {
+            return Err(InitError::SwitchUser(format!(
+                "supplementary groups {left:?} (wanted {groups:?}) cannot be set in a user namespace with setgroups denied"
+            )));
+        }
+    }
     let gid = Gid::from_raw(user.gid());
     setresgid(gid, gid, gid).map_err(|e| InitError::SwitchUser(format!("setresgid: {e}")))?;
     let uid = Uid::from_raw(user.uid());

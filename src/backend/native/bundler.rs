@@ -111,8 +111,21 @@ impl Bundler {
         generation: &str,
         dir: &Path,
     ) -> Result<Spec, NativeError> {
+        self.write_bundle_with(spec, generation, dir, None)
+    }
+
+    /// [`write_bundle_to`](Self::write_bundle_to), with a user namespace
+    /// of the host ids `userns` when given (a create, when `[userns]` is
+    /// on).
+    pub fn write_bundle_with(
+        &self,
+        spec: &SandboxSpec,
+        generation: &str,
+        dir: &Path,
+        userns: Option<&super::userns::UsernsRange>,
+    ) -> Result<Spec, NativeError> {
         let cgroup_path = self.cgroup_parent.relative_path(&spec.sandbox_id);
-        let oci = bundle::build_spec(
+        let mut oci = bundle::build_spec(
             &self.base,
             spec,
             generation,
@@ -121,6 +134,10 @@ impl Bundler {
             Some(&cgroup_path),
             Some(&self.seccomp.oci),
         )?;
+        if let Some(range) = userns {
+            super::userns::apply_to_spec(&mut oci, range)
+                .map_err(|e| NativeError::Bundle(bundle::BundleError::Build(e)))?;
+        }
         let env = bundle::command_env(&self.base, spec);
         let resolv = match spec.network.unwrap_or(self.network) {
             crate::config::NetworkMode::Egress => self.resolv_egress.as_str(),

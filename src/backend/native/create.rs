@@ -95,8 +95,14 @@ impl NativeBackend {
             resources: spec.resources,
             created_at: unix_now(),
             network: None,
+            userns: None,
         };
         let mut made = CreateGuard::new(self, id);
+        // Its own host ids, recorded with the first state.json (the guard
+        // gives them back if the create fails).
+        if let Some(pool) = &self.userns {
+            st.userns = Some(pool.allocate(id)?);
+        }
         self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterState);
         let cgroup = self.cgroups.create(id, &spec.resources)?;
@@ -105,7 +111,7 @@ impl NativeBackend {
         failpoint::hit(Point::CreateAfterCgroup);
         let bundle_dir = self.state.bundle_dir(id);
         self.bundler
-            .write_bundle_to(spec, &generation, &bundle_dir)?;
+            .write_bundle_with(spec, &generation, &bundle_dir, st.userns.as_ref())?;
         failpoint::hit(Point::CreateAfterBundle);
         // PID 1's stdout and stderr: a FIFO the daemon drains (never a
         // file a sandbox could grow without bound).

@@ -59,6 +59,8 @@ pub enum NativeError {
     /// The base spec cannot be read, or the bundle not built or written.
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Userns(#[from] super::userns::UsernsError),
     #[error("cannot set up the output FIFO {path}: {source}")]
     Output {
         path: PathBuf,

@@ -37,6 +37,7 @@ pub use sandbox_abi::paths;
 pub mod proc;
 pub mod reconcile;
 pub mod state;
+pub mod userns;
 mod watch;
 
 pub use bundler::{Bundler, HostPaths, Seccomp};
@@ -97,6 +98,9 @@ pub struct NativeBackend {
     outputs: Arc<output::Outputs>,
     /// Veths, addresses and the nftables table ([`net`]).
     net: Arc<net::Network>,
+    /// The host id ranges of the sandboxes' user namespaces, when
+    /// `[userns]` is on ([`userns`]).
+    userns: Option<Arc<userns::Pool>>,
 }
 
 impl NativeBackend {
@@ -127,6 +131,22 @@ impl NativeBackend {
         // Sandboxes are re-parented to us when their launcher exits, so we
         // can reap them (the host's PID 1 may not).
         nix::sys::prctl::set_child_subreaper(true).map_err(NativeError::Subreaper)?;
+        // User namespaces: on when the probe mount of every path bound in
+        // from the host works (or `[userns] mode` says otherwise).
+        let mut probe_paths = vec![
+            bundler.host().user_data_root.clone(),
+            bundler.host().skills_root.clone(),
+            bundler.host().agent_path.clone(),
+            state.root().to_path_buf(),
+        ];
+        probe_paths.extend(
+            bundler
+                .host()
+                .rootfs_binds
+                .iter()
+                .map(|(src, _)| src.clone()),
+        );
+        let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?.map(Arc::new);
         host::tune(Path::new(host::INOTIFY_INSTANCES));
         let network = net::Network::new(&cfg.network)?;
         let backend = NativeBackend {
@@ -138,6 +158,7 @@ impl NativeBackend {
             live: Arc::new(Mutex::new(HashMap::new())),
             outputs: Arc::new(output::Outputs::default()),
             net: Arc::new(network),
+            userns,
         };
         backend.reconcile();
         // The table from the adopted sandboxes; stale veths deleted.
@@ -193,6 +214,10 @@ impl NativeBackend {
         self.net.detach(id);
         if let Err(e) = self.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
+        }
+        // Its host ids: nothing of it runs any more.
+        if let Some(pool) = &self.userns {
+            pool.release(id);
         }
     }
 

@@ -63,6 +63,14 @@ impl NativeBackend {
                             }
                             ok
                         });
+                        // Its host ids stay taken while it runs.
+                        match (&self.userns, &st.userns) {
+                            (Some(pool), Some(range)) => pool.adopt(&id, range),
+                            (None, Some(range)) => {
+                                info!(sandbox_id = %id, host = range.host, "adopted sandbox keeps its user namespace (user namespaces are off for new sandboxes)")
+                            }
+                            _ => {}
+                        }
                         // Watched like our own: it is no longer our child,
                         // but its pidfd still reports the exit.
                         self.track(Live::new(

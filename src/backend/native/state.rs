@@ -50,6 +50,9 @@ pub struct SandboxState {
     /// The sandbox's veth and address (egress only), once set up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<super::net::NetState>,
+    /// The host ids of its user namespace (none without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<super::userns::UsernsRange>,
 }
 
 /// The layout of the state directory.
@@ -196,6 +199,7 @@ mod tests {
             },
             created_at: 0,
             network: None,
+            userns: None,
         };
         sd.save(&st).unwrap();
         assert_eq!(sd.load("a").unwrap().unwrap(), st);
