@@ -178,7 +178,10 @@ async fn sandboxes_run_under_disjoint_host_ranges_with_idmapped_user_data() {
 /// which is outside seccomp and holds every capability in the sandbox's
 /// user namespace: the worst case of an escape to root inside) can neither
 /// make a read-only mount writable nor unmount one, and cannot write the
-/// host's files or its own cgroup's limits.
+/// host's files or its own cgroup's limits. (The top of its root is the
+/// one mount it may remount read-write, since `pivot_root` refuses a
+/// locked new root; every inode of it belongs to the host's root, which
+/// has no id inside, so nothing in it becomes writable.)
 #[tokio::test]
 async fn the_sandbox_root_cannot_loosen_its_mounts() {
     if !privileged("the_sandbox_root_cannot_loosen_its_mounts") {
@@ -194,9 +197,12 @@ async fn the_sandbox_root_cannot_loosen_its_mounts() {
     assert_eq!(s, 200, "{v}");
     let (pid, _) = pid_and_base(&d, "r1");
     let script = "id -u; \
-        for m in /usr /home/gem/skills /.sandboxd/sandbox-agent /etc/passwd /; do \
+        for m in /usr /home/gem/skills /.sandboxd/sandbox-agent /etc/passwd /etc/hosts; do \
           mount -o remount,bind,rw $m 2>/dev/null && echo LOOSENED $m; \
         done; \
+        mount -o remount,bind,rw / 2>/dev/null; \
+        touch /probe 2>/dev/null && echo WROTE /; mkdir /probe-dir 2>/dev/null && echo WROTE /; \
+        chmod 777 /etc 2>/dev/null && echo WROTE /etc; \
         for m in /usr/local /home/gem/user-data /usr /home/gem/skills; do \
           umount -l $m 2>/dev/null && echo UNMOUNTED $m; \
         done; \

@@ -212,6 +212,10 @@ pub struct InitPoints {
     relay_child: Option<std::os::unix::net::UnixStream>,
     #[cfg(feature = "failpoints")]
     in_child: bool,
+    /// With a user namespace: a helper keeping the host's credentials
+    /// (see [`keep_a_killer`](Self::keep_a_killer)).
+    #[cfg(feature = "failpoints")]
+    killer: Option<std::os::unix::net::UnixStream>,
 }
 
 #[cfg(feature = "failpoints")]
@@ -251,6 +255,7 @@ impl InitPoints {
                 relay_parent,
                 relay_child,
                 in_child: false,
+                killer: None,
             }
         }
         #[cfg(not(feature = "failpoints"))]
@@ -269,6 +274,12 @@ impl InitPoints {
             if armed != point {
                 return;
             }
+            if let Some(k) = &mut self.killer {
+                use std::io::{Read, Write};
+                let mut b = [0u8; 1];
+                let _ = k.write_all(b"k").and_then(|_| k.read(&mut b));
+                return;
+            }
             if !self.in_child {
                 kill_daemon(pid, point);
                 return;
@@ -281,6 +292,42 @@ impl InitPoints {
         }
         #[cfg(not(feature = "failpoints"))]
         let _ = point;
+    }
+
+    /// Before the launcher joins the sandbox's user namespace, where it may
+    /// no longer signal the daemon: an armed point gets a helper process
+    /// that keeps the host's credentials and kills the daemon when asked
+    /// (by the launcher or, after the fork, by PID 1), replacing the
+    /// parent relay. Must run single-threaded.
+    pub fn keep_a_killer(&mut self) {
+        #[cfg(feature = "failpoints")]
+        {
+            use std::io::{Read, Write};
+            let Some((point, pid)) = self.armed else {
+                return;
+            };
+            let Ok((mine, mut theirs)) = std::os::unix::net::UnixStream::pair() else {
+                return;
+            };
+            // SAFETY: the launcher is single-threaded when it calls this.
+            match unsafe { nix::unistd::fork() } {
+                Ok(nix::unistd::ForkResult::Child) => {
+                    drop(mine);
+                    let mut b = [0u8; 1];
+                    if matches!(theirs.read(&mut b), Ok(1)) {
+                        kill_daemon(pid, point);
+                        let _ = theirs.write_all(b"k");
+                    }
+                    std::process::exit(0);
+                }
+                Ok(nix::unistd::ForkResult::Parent { .. }) => {
+                    self.killer = Some(mine);
+                    self.relay_parent = None;
+                    self.relay_child = None;
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// In the launcher's parent, right after the fork, before the PID

@@ -327,6 +327,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         let owner = userns::to_host(&uid, 0)
             .ok_or_else(|| InitError::Spec("linux.uidMappings does not map uid 0".into()))?;
         let ns = userns::create(&uid, &gid, owner).map_err(InitError::Userns)?;
+        failpoints.keep_a_killer();
         nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(InitError::Unshare)?;
         make_private()?;
         let idmap = mounts::Idmap {
