@@ -2,13 +2,16 @@
 //! the kernel default is known to be too small, raised) once at start-up,
 //! each change logged.
 //!
-//! Every native sandbox runs as host uid 1000 (until user namespaces land),
-//! so per-user kernel limits are shared by all tenants. The one whose
-//! kernel default breaks normal use at a few dozen sandboxes is
+//! Without user namespaces (`[userns] mode = "off"`, or `auto` on a node
+//! without idmapped mounts) every native sandbox runs as host uid 1000, so
+//! per-user kernel limits are shared by all tenants. The one whose kernel
+//! default breaks normal use at a few dozen sandboxes is
 //! `fs.inotify.max_user_instances` (128): editors, language servers and
 //! `npm`/`vite` watchers take several each, and past 128 every tenant's
-//! `inotify_init` fails. The remaining shared limits are documented in
-//! `docs/security.md`.
+//! `inotify_init` fails. With user namespaces the kernel counts it per
+//! sandbox (per owner of its user namespace), and the raised value is then
+//! each sandbox's own budget. The remaining shared limits are documented
+//! in `docs/security.md`.
 
 use std::path::Path;
 
@@ -34,7 +37,7 @@ pub fn tune(sysctl: &Path) -> Option<u64> {
                 sysctl = %sysctl.display(),
                 from = current,
                 to = INOTIFY_INSTANCES_RAISED,
-                "raised the kernel default: every sandbox shares host uid 1000's inotify instances"
+                "raised the kernel default (without user namespaces every sandbox shares host uid 1000's inotify instances; with them it is each sandbox's budget)"
             );
             Some(INOTIFY_INSTANCES_RAISED)
         }

@@ -210,6 +210,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_spec_gets_a_user_namespace_first_and_one_map_line() {
+        use oci_spec::runtime::LinuxNamespaceType;
+        let mut spec =
+            super::super::bundle::parse_base(super::super::bundle::BASE_SPEC, "base").unwrap();
+        let r = UsernsRange {
+            host: 1 << 31,
+            size: USERNS_SLOT,
+        };
+        apply_to_spec(&mut spec, &r).unwrap();
+        apply_to_spec(&mut spec, &r).unwrap();
+        let linux = spec.linux().as_ref().unwrap();
+        let ns = linux.namespaces().as_ref().unwrap();
+        assert_eq!(ns[0].typ(), LinuxNamespaceType::User);
+        assert_eq!(
+            ns.iter()
+                .filter(|n| n.typ() == LinuxNamespaceType::User)
+                .count(),
+            1
+        );
+        for maps in [linux.uid_mappings(), linux.gid_mappings()] {
+            let m = maps.as_ref().unwrap();
+            assert_eq!(m.len(), 1);
+            assert_eq!(
+                (m[0].container_id(), m[0].host_id(), m[0].size()),
+                (0, 1 << 31, 65536)
+            );
+        }
+    }
+
+    #[test]
     fn ranges_are_disjoint_reused_and_adopted() {
         let cfg = UsernsConfig {
             mode: UsernsMode::On,
