@@ -208,8 +208,14 @@ async fn the_sandbox_root_cannot_loosen_its_mounts() {
         done; \
         touch /usr/sandboxd-userns-probe 2>/dev/null && echo WROTE /usr; \
         touch /home/gem/skills/probe 2>/dev/null && echo WROTE skills; \
-        mkdir -p /dev/shm/cg && mount -t cgroup2 none /dev/shm/cg 2>/dev/null && \
+        mkdir -p /dev/shm/cg && mount -t cgroup2 none /dev/shm/cg 2>/dev/null && echo CG2 && \
+          ([ -e /dev/shm/cg/cgroup.procs ] && echo HAS_PROCS); \
+          [ -d /dev/shm/cg ] && \
           for f in /dev/shm/cg/pids.max /dev/shm/cg/memory.max /dev/shm/cg/cgroup.procs; do \
+            [ -e $f ] && (echo 1 > $f) 2>/dev/null && echo WROTE $f; \
+          done; \
+        mkdir -p /dev/shm/cg1 && mount -t cgroup -o pids none /dev/shm/cg1 2>/dev/null && \
+          for f in /dev/shm/cg1/pids.max /dev/shm/cg1/tasks; do \
             [ -e $f ] && (echo 1 > $f) 2>/dev/null && echo WROTE $f; \
           done; \
         echo done";
@@ -241,6 +247,12 @@ async fn the_sandbox_root_cannot_loosen_its_mounts() {
     for bad in ["LOOSENED", "UNMOUNTED", "WROTE"] {
         assert!(!text.contains(bad), "{text}");
     }
+    // Where cgroup2 could be mounted, the sandbox's own cgroup.procs was
+    // there and not writable.
+    assert!(
+        !text.contains("CG2") || text.contains("HAS_PROCS"),
+        "{text}"
+    );
     assert!(!Path::new("/usr/sandboxd-userns-probe").exists());
     assert!(!dirs.skills().join("u1/probe").exists());
 }
