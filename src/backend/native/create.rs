@@ -101,7 +101,9 @@ impl NativeBackend {
         // Its own host ids, recorded with the first state.json (the guard
         // gives them back if the create fails).
         if let Some(pool) = &self.userns {
-            st.userns = Some(pool.allocate(id)?);
+            let range = pool.allocate(id)?;
+            tracing::info!(sandbox_id = %id, generation = %generation, host_ids = %format!("{}-{}", range.host, range.host + (range.size - 1)), "user namespace range taken");
+            st.userns = Some(range);
         }
         self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterState);

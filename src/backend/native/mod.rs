@@ -216,8 +216,12 @@ impl NativeBackend {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
         // Its host ids: nothing of it runs any more.
-        if let Some(pool) = &self.userns {
+        if let Some(range) = self.userns.as_ref().and_then(|pool| {
+            let r = pool.get(id);
             pool.release(id);
+            r
+        }) {
+            info!(sandbox_id = %id, host = range.host, "user namespace range released");
         }
     }
 
