@@ -303,7 +303,10 @@ impl InitPoints {
         #[cfg(feature = "failpoints")]
         {
             use std::io::{Read, Write};
-            let Some((point, pid)) = self.armed else {
+            // Only the points that kill the daemon need it.
+            let Some((point @ (Point::InitAfterNamespaces | Point::InitAfterMounts), pid)) =
+                self.armed
+            else {
                 return;
             };
             let Ok((mine, mut theirs)) = std::os::unix::net::UnixStream::pair() else {

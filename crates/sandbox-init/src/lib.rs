@@ -326,7 +326,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         let gid = id_maps(linux.gid_mappings().as_deref())?;
         let owner = userns::to_host(&uid, 0)
             .ok_or_else(|| InitError::Spec("linux.uidMappings does not map uid 0".into()))?;
-        let ns = userns::create(&uid, &gid, owner).map_err(InitError::Userns)?;
+        let (ns, holder) = userns::create(&uid, &gid, owner).map_err(InitError::Userns)?;
         failpoints.keep_a_killer();
         nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(InitError::Unshare)?;
         make_private()?;
@@ -368,6 +368,8 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         userns::enter(&ns).map_err(InitError::Userns)?;
         drop(ns);
         nix::sched::unshare(flags - CloneFlags::CLONE_NEWUSER).map_err(InitError::Unshare)?;
+        // Exited long ago: reap it before the fork.
+        drop(holder);
     } else {
         nix::sched::unshare(flags).map_err(InitError::Unshare)?;
     }

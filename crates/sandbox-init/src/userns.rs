@@ -61,13 +61,24 @@ fn os(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
+/// The holder child of [`create`], already told to exit; dropping it reaps
+/// it (kept until then so the launcher does not wait for its exit on the
+/// critical path).
+pub struct Holder(nix::unistd::Pid);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = nix::sys::wait::waitpid(self.0, None);
+    }
+}
+
 /// Creates a user namespace with these maps, owned by host uid `owner`
 /// (the kernel charges the per-user limits of everything inside it, such
 /// as inotify instances, to its owner at the host level: one owner per
 /// sandbox keeps sandboxes from sharing those limits), and returns an fd
-/// of it. `setgroups` is denied in it. Must run single-threaded and as
-/// host root.
-pub fn create(uid: &[IdMap], gid: &[IdMap], owner: u32) -> Result<OwnedFd, String> {
+/// of it and its holder process (exiting; reaped when dropped).
+/// `setgroups` is denied in it. Must run single-threaded and as host root.
+pub fn create(uid: &[IdMap], gid: &[IdMap], owner: u32) -> Result<(OwnedFd, Holder), String> {
     let (ready_r, ready_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| os("pipe", e))?;
     let (release_r, release_w) =
@@ -124,8 +135,8 @@ pub fn create(uid: &[IdMap], gid: &[IdMap], owner: u32) -> Result<OwnedFd, Strin
                     .map_err(|e| os("open the user namespace", e))
             })();
             drop(release_w);
-            let _ = nix::sys::wait::waitpid(child, None);
-            result
+            let holder = Holder(child);
+            result.map(|fd| (fd, holder))
         }
     }
 }
@@ -312,7 +323,7 @@ pub fn shifted(base: u32, size: u32) -> Vec<IdMap> {
 /// shifted by `base`. Returns the first failure, naming the path.
 pub fn probe(paths: &[PathBuf], base: u32) -> Result<(), String> {
     let maps = shifted(base, 65536);
-    let ns = create(&maps, &maps, base).map_err(|e| format!("user namespace: {e}"))?;
+    let (ns, _holder) = create(&maps, &maps, base).map_err(|e| format!("user namespace: {e}"))?;
     for p in paths {
         let fd = sandbox_abi::paths::open_any_nofollow(p)
             .map_err(|e| format!("{}: {e}", p.display()))?;
