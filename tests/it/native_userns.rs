@@ -232,7 +232,7 @@ async fn the_sandbox_root_cannot_loosen_its_mounts() {
             script,
         ])
         .output()
-        .unwrap();
+        .expect("this test needs nsenter (util-linux)");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
