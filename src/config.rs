@@ -765,6 +765,8 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
     ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = v.trim().parse()?; Ok(()) })),
     ("SANDBOXD_USERNS", Setter::Parsed(|c, v| { c.userns.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_USERNS_RANGE_START", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_start, v))),
+    ("SANDBOXD_USERNS_RANGE_COUNT", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_count, v))),
     ("SANDBOXD_NETWORK_SUBNET", Setter::Text(|c, v| c.network.subnet = v)),
     ("SANDBOXD_NETWORK_ALLOW", Setter::Any(|c, v| { c.network.allow = split_list(v); Ok(()) })),
     ("SANDBOXD_NETWORK_DENY", Setter::Any(|c, v| { c.network.deny = split_list(v); Ok(()) })),
@@ -1060,8 +1062,17 @@ mod tests {
         assert_eq!(c.userns.mode, UsernsMode::On);
         assert_eq!(c.userns.slots(), 3);
         c.validate().unwrap();
-        let c = Config::load(Some(&p), &env(&[("SANDBOXD_USERNS", "off")])).unwrap();
+        let c = Config::load(
+            Some(&p),
+            &env(&[
+                ("SANDBOXD_USERNS", "off"),
+                ("SANDBOXD_USERNS_RANGE_START", "262144"),
+                ("SANDBOXD_USERNS_RANGE_COUNT", "65536"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(c.userns.mode, UsernsMode::Off);
+        assert_eq!((c.userns.range_start, c.userns.slots()), (262144, 1));
         assert!(Config::load(Some(&p), &env(&[("SANDBOXD_USERNS", "maybe")])).is_err());
         let d = Config::default();
         assert_eq!(d.userns.mode, UsernsMode::Auto);

@@ -279,6 +279,10 @@ pub struct NativeDirs {
     pub net_table: String,
     pub net_prefix: String,
     pub net_subnet: String,
+    /// This test's own slice of host ids for user namespaces (32 slots of
+    /// 65536), so concurrent test daemons never give two sandboxes the
+    /// same host ids (and so the same per-user kernel limits).
+    pub userns_range_start: String,
 }
 
 impl Drop for NativeDirs {
@@ -332,6 +336,7 @@ impl NativeDirs {
             net_table: format!("sandboxd_t{n}"),
             net_prefix: format!("st{n}-"),
             net_subnet: format!("10.243.{}.{}/25", n / 2, (n % 2) * 128),
+            userns_range_start: ((1u64 << 31) + u64::from(n) * 32 * 65536).to_string(),
         }
     }
 
@@ -436,6 +441,11 @@ impl Daemon {
             ("SANDBOXD_NETWORK_TABLE", dirs.net_table.as_str()),
             ("SANDBOXD_NETWORK_LINK_PREFIX", dirs.net_prefix.as_str()),
             ("SANDBOXD_NETWORK_SUBNET", dirs.net_subnet.as_str()),
+            (
+                "SANDBOXD_USERNS_RANGE_START",
+                dirs.userns_range_start.as_str(),
+            ),
+            ("SANDBOXD_USERNS_RANGE_COUNT", "2097152"),
         ];
         all.extend_from_slice(env);
         let mut d = Daemon::start_at(state_dir, &all, &[], listen);
