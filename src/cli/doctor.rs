@@ -126,8 +126,60 @@ pub fn check(cfg: &Config) -> Vec<Finding> {
         out.push(directory(name, path));
     }
     out.push(network(cfg));
+    out.push(userns(cfg));
     out.push(runc());
     out
+}
+
+/// Whether sandboxes would get user namespaces: the daemon's own start-up
+/// probe (`sandbox-init --probe-idmap`) over the user-data and skills roots
+/// that exist. Optional: without them sandboxes run as host uid 1000
+/// (`[userns] mode = "on"` makes the daemon itself refuse to start).
+fn userns(cfg: &Config) -> Finding {
+    use crate::config::UsernsMode;
+    const NAME: &str = "user namespaces";
+    if cfg.userns.mode == UsernsMode::Off {
+        return Finding::ok(
+            NAME,
+            Need::Optional,
+            "off ([userns] mode = \"off\"): every sandbox runs as host uid 1000",
+        );
+    }
+    let init = match &cfg.native.init_path {
+        Some(p) => p.clone(),
+        None => match std::env::current_exe() {
+            Ok(exe) => exe.with_file_name("sandbox-init"),
+            Err(e) => {
+                return Finding::bad(
+                    NAME,
+                    Need::Optional,
+                    format!("cannot find sandbox-init: {e}"),
+                    "set [native] init_path",
+                )
+            }
+        },
+    };
+    // A root not made yet is checked on the directory it will be made in.
+    let paths: Vec<std::path::PathBuf> = [&cfg.user_data_root, &cfg.skills_root]
+        .into_iter()
+        .filter_map(|p| p.ancestors().find(|a| a.exists()).map(Path::to_path_buf))
+        .collect();
+    match crate::backend::native::userns::probe(&init, &paths, cfg.userns.range_start) {
+        Ok(()) => Finding::ok(
+            NAME,
+            Need::Optional,
+            format!(
+                "on ([userns] mode = \"{}\"): idmapped mounts work on the user-data and skills roots",
+                if cfg.userns.mode == UsernsMode::On { "on" } else { "auto" }
+            ),
+        ),
+        Err(e) => Finding::bad(
+            NAME,
+            Need::Optional,
+            format!("idmapped mounts do not work here, sandboxes would run as host uid 1000: {e}"),
+            "put the user-data and skills roots on ext4, xfs, btrfs or tmpfs (Linux 5.12+; tmpfs 6.3+), or set [userns] mode = \"off\" to silence this",
+        ),
+    }
 }
 
 /// With egress networking: the `nft` binary the daemon loads its table

@@ -181,7 +181,7 @@ pub fn decide(
 }
 
 /// Runs the launcher's probe; the error names the path that failed.
-fn probe(init: &Path, paths: &[PathBuf], base: u32) -> Result<(), String> {
+pub fn probe(init: &Path, paths: &[PathBuf], base: u32) -> Result<(), String> {
     let mut cmd = std::process::Command::new(init);
     cmd.env_clear()
         .envs(sandbox_abi::failpoint::launcher_env())
