@@ -21,6 +21,7 @@ use crate::lifecycle::Lifecycle;
 pub mod auth;
 pub mod conns;
 pub mod error;
+pub mod openapi;
 pub mod proxy;
 pub mod routes;
 

@@ -58,11 +58,34 @@ pub enum Command {
     /// Check this node for the configured backend and explain every problem
     /// with its fix; exit status 0 only when a create would work.
     Doctor(doctor::DoctorArgs),
+    /// Print the OpenAPI 3.1 description of the provisioner API (the one
+    /// `GET /openapi.json` serves) or of the in-sandbox agent API.
+    Openapi {
+        #[arg(value_enum)]
+        api: OpenapiDoc,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+/// The documents `sandboxd openapi` prints (`docs/openapi/<name>.json`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OpenapiDoc {
+    Provisioner,
+    Agent,
+}
+
+/// Writes `bytes` to stdout; a reader that stops early (`| head`) is not
+/// an error.
+fn print_bytes(bytes: &[u8]) -> anyhow::Result<i32> {
+    use std::io::Write;
+    match std::io::stdout().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -98,15 +121,17 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Doctor(a) => doctor::run(a),
         Command::Completions { shell } => {
             use clap::CommandFactory;
-            use std::io::Write;
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "sandboxd", &mut script);
-            // A reader that stops early (`| head`) is not an error.
-            match std::io::stdout().write_all(&script) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-                _ => Ok(0),
-            }
+            print_bytes(&script)
         }
+        Command::Openapi { api } => print_bytes(
+            match api {
+                OpenapiDoc::Provisioner => crate::api::openapi::provisioner_json(),
+                OpenapiDoc::Agent => sandbox_agent::openapi::agent_json(),
+            }
+            .as_bytes(),
+        ),
         Command::Rm(a) => ops::rm(a),
     }
 }

@@ -38,6 +38,7 @@ mod native_parity;
 mod native_runc;
 mod native_seccomp;
 mod network;
+mod openapi;
 mod operator;
 mod seccomp_cli;
 mod seccomp_probe;
