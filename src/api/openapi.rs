@@ -156,7 +156,7 @@ mod paths {
 
     #[utoipa::path(get, path = "/api/sandboxes/{id}", tag = "sandboxes",
         description = "Discover a running sandbox. Counts as activity.",
-        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The sandbox id")),
+        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", example = "3f2a9c1b7d44", description = "The sandbox id")),
         responses(
             (status = 200, description = "The sandbox", body = SandboxResponse),
             (status = 400, description = "Bad id", body = ErrorDetail),
@@ -169,7 +169,7 @@ mod paths {
         description = "Delete a sandbox (its user files stay). Absent: also 200. Waits for \
             in-flight proxied requests at most the delete grace.",
         params(
-            ("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The sandbox id"),
+            ("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", example = "3f2a9c1b7d44", description = "The sandbox id"),
             ("expected_generation" = Option<String>, Query,
                 description = "Delete only this incarnation (409 otherwise); empty counts as absent"),
         ),
@@ -185,7 +185,7 @@ mod paths {
 
     #[utoipa::path(post, path = "/api/sandboxes/{id}/touch", tag = "sandboxes",
         description = "Mark activity. Any request body is ignored.",
-        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The sandbox id")),
+        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", example = "3f2a9c1b7d44", description = "The sandbox id")),
         responses(
             (status = 200, description = "Marked", body = TouchResponse),
             (status = 400, description = "Bad id", body = ErrorDetail),
@@ -197,7 +197,7 @@ mod paths {
     #[utoipa::path(get, path = "/api/sandboxes/{id}/logs", tag = "sandboxes",
         description = "The recent output (last 64 KiB) of the sandbox's PID 1, each line \
             prefixed with `<unix seconds>.<milliseconds>`. Not activity.",
-        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The sandbox id")),
+        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", example = "3f2a9c1b7d44", description = "The sandbox id")),
         responses(
             (status = 200, description = "The output", content_type = "text/plain; charset=utf-8", body = String),
             (status = 400, description = "Bad id", body = ErrorDetail),
@@ -220,6 +220,28 @@ mod paths {
         ))]
     fn quiesce() {}
 
+    #[utoipa::path(get, path = "/api/sandboxes/quiesce", tag = "sandboxes",
+        description = "Discover the sandbox whose id is `quiesce` (as `GET /api/sandboxes/{id}`).",
+        responses(
+            (status = 200, description = "The sandbox", body = SandboxResponse),
+            (status = 401, description = "Token missing or wrong", body = ErrorDetail),
+            (status = 404, description = "Unknown sandbox, or not running", body = ErrorDetail),
+        ))]
+    fn discover_quiesce() {}
+
+    #[utoipa::path(delete, path = "/api/sandboxes/quiesce", tag = "sandboxes",
+        description = "Delete the sandbox whose id is `quiesce` (as `DELETE /api/sandboxes/{id}`).",
+        params(("expected_generation" = Option<String>, Query,
+            description = "Delete only this incarnation (409 otherwise); empty counts as absent")),
+        responses(
+            (status = 200, description = "Deleted, or was absent", body = DeleteResponse),
+            (status = 401, description = "Token missing or wrong", body = ErrorDetail),
+            (status = 409, description = "`expected_generation` is not the live generation", body = ErrorDetail),
+            (status = 500, description = "The backend failed to remove it", body = ErrorDetail),
+            (status = 502, description = "The backend is unreachable (Kubernetes API server)", body = ErrorDetail),
+        ))]
+    fn delete_quiesce() {}
+
     /// The proxy answers whatever the agent answers (see the agent API,
     /// `docs/openapi/agent.json`) plus its own errors.
     #[utoipa::path(method(get, post, put, patch, delete, head, options),
@@ -230,30 +252,30 @@ mod paths {
             response headers come back. The agent's answers (any status, see the agent API) \
             pass through unchanged.",
         params(
-            ("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The sandbox id"),
-            ("path" = String, Path, description = "The agent's path, e.g. `v1/shell/exec`"),
+            ("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", example = "3f2a9c1b7d44", description = "The sandbox id"),
+            ("path" = String, Path, example = "v1/sandbox", description = "The agent's path, e.g. `v1/shell/exec`"),
         ),
         responses(
             (status = 401, description = "Token missing or wrong", body = ErrorDetail),
-            (status = 400, description = "Bad id, or a path that cannot be forwarded", body = ErrorDetail),
-            (status = 404, description = "Unknown sandbox, or not running", body = ErrorDetail),
             (status = 502, description = "The sandbox is unreachable, or was deleted while the request waited", body = ErrorDetail),
             (status = 504, description = "No response head within the head timeout", body = ErrorDetail),
-            (status = "default", description = "The agent's answer, passed through"),
+            (status = "default", description = "The agent's answer, passed through (any status \
+                and content type); or the daemon's own `{\"detail\"}` errors: 400 for a bad id or a \
+                path that cannot be forwarded, 404 for an unknown sandbox or one that is not running"),
         ))]
     fn proxy() {}
 
     #[utoipa::path(method(get, post, put, patch, delete, head, options),
         path = "/api/sandboxes/{id}/proxy", tag = "proxy",
         description = "Forwarded to the agent's `/` (as `/api/sandboxes/{id}/proxy/`).",
-        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", description = "The sandbox id")),
+        params(("id" = String, Path, pattern = "^[A-Za-z0-9_-]{1,63}$", example = "3f2a9c1b7d44", description = "The sandbox id")),
         responses(
             (status = 401, description = "Token missing or wrong", body = ErrorDetail),
-            (status = 400, description = "Bad id", body = ErrorDetail),
-            (status = 404, description = "Unknown sandbox, or not running", body = ErrorDetail),
             (status = 502, description = "The sandbox is unreachable, or was deleted while the request waited", body = ErrorDetail),
             (status = 504, description = "No response head within the head timeout", body = ErrorDetail),
-            (status = "default", description = "The agent's answer, passed through"),
+            (status = "default", description = "The agent's answer, passed through (any status \
+                and content type); or the daemon's own `{\"detail\"}` errors: 400 for a bad id or a \
+                path that cannot be forwarded, 404 for an unknown sandbox or one that is not running"),
         ))]
     fn proxy_root() {}
 }
@@ -290,7 +312,7 @@ impl Modify for BearerAuth {
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(paths::health, paths::metrics, paths::openapi, paths::create, paths::list,
-          paths::discover, paths::delete, paths::touch, paths::logs, paths::quiesce, paths::proxy,
+          paths::discover, paths::delete, paths::touch, paths::logs, paths::quiesce, paths::discover_quiesce, paths::delete_quiesce, paths::proxy,
           paths::proxy_root),
     components(schemas(ResourceRequest)),
     security(("bearer" = [])),

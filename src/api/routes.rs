@@ -35,7 +35,7 @@ const PROXY_METHODS: [Method; 7] = [
 ];
 
 /// The routes of the contract.
-enum Route<'a> {
+pub(super) enum Route<'a> {
     Health,
     Metrics,
     OpenApi,
@@ -48,7 +48,7 @@ enum Route<'a> {
 }
 
 impl Route<'_> {
-    fn parse(path: &str) -> Option<Route<'_>> {
+    pub(super) fn parse(path: &str) -> Option<Route<'_>> {
         if path == "/health" {
             return Some(Route::Health);
         }
@@ -74,6 +74,17 @@ impl Route<'_> {
             "/logs" => Some(Route::Logs(id)),
             "/proxy" => Some(Route::Proxy(id, "")),
             t => t.strip_prefix("/proxy/").map(|p| Route::Proxy(id, p)),
+        }
+    }
+
+    /// The id in the path, if the route has one.
+    #[cfg(test)]
+    pub(super) fn id(&self) -> Option<&str> {
+        match self {
+            Route::Sandbox(id) | Route::Touch(id) | Route::Logs(id) | Route::Proxy(id, _) => {
+                Some(id)
+            }
+            _ => None,
         }
     }
 
