@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use sandbox_abi::request::ResourceLimits;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,7 +25,7 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     Native,
@@ -49,7 +49,7 @@ impl BackendKind {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
@@ -111,6 +111,13 @@ impl TryFrom<String> for ConnectMode {
     }
 }
 
+/// Written as its configuration spelling (for `sandboxd config default`).
+impl Serialize for ConnectMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl std::fmt::Display for ConnectMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -149,6 +156,13 @@ impl TryFrom<String> for NetworkPolicyMode {
                 "kubernetes.network_policy {other:?} is not create or external"
             )),
         }
+    }
+}
+
+/// Written as its configuration spelling (for `sandboxd config default`).
+impl Serialize for NetworkPolicyMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -193,6 +207,13 @@ impl TryFrom<String> for KubeSeccomp {
     }
 }
 
+/// Written as its configuration spelling (for `sandboxd config default`).
+impl Serialize for KubeSeccomp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl std::fmt::Display for KubeSeccomp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -200,7 +221,7 @@ impl std::fmt::Display for KubeSeccomp {
 }
 
 /// Node defaults and maxima for sandbox resources.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     pub memory_mb: u64,
@@ -246,7 +267,7 @@ impl Default for Limits {
 }
 
 /// Settings of the node-local backend.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NativeConfig {
     /// Host paths bind-mounted read-only into the "host" rootfs profile.
@@ -312,7 +333,7 @@ pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
 ];
 
 /// Settings of the streaming proxy (`[proxy]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProxyConfig {
     /// Response headers copied back from a sandbox (case-insensitive);
@@ -359,7 +380,7 @@ impl ProxyConfig {
 }
 
 /// Settings of the Kubernetes backend.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KubeConfig {
     pub namespace: String,
@@ -457,7 +478,7 @@ pub const DEFAULT_SANDBOX_IMAGE: &str = "python:3.12-slim-bookworm";
 pub use sandbox_abi::model::NetworkMode;
 
 /// Sandbox networking (`[network]`, see `docs/network.md`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetworkConfig {
     /// `egress` (default): a veth, NAT and the egress policy; `none`:
@@ -497,7 +518,7 @@ impl Default for NetworkConfig {
 }
 
 /// The whole daemon configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub backend: BackendKind,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub mod bundle;
+pub mod config_cmd;
 pub mod doctor;
 pub mod kube;
 pub mod ops;
@@ -58,6 +59,16 @@ pub enum Command {
     /// Check this node for the configured backend and explain every problem
     /// with its fix; exit status 0 only when a create would work.
     Doctor(doctor::DoctorArgs),
+    /// Print the configuration file with every setting at its default
+    /// (commented out): `sandboxd config default`.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+    /// Write man pages (sandboxd.1 and one per subcommand) into a directory.
+    #[command(hide = true)]
+    Man {
+        /// The directory (created if missing).
+        dir: PathBuf,
+    },
     /// Print the OpenAPI 3.1 description of the provisioner API (the one
     /// `GET /openapi.json` serves) or of the in-sandbox agent API.
     Openapi {
@@ -71,11 +82,42 @@ pub enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ConfigCmd {
+    /// The configuration file with every setting at its default, commented
+    /// out (the Debian package's /etc/sandboxd/config.toml).
+    Default,
+}
+
 /// The documents `sandboxd openapi` prints (`docs/openapi/<name>.json`).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum OpenapiDoc {
     Provisioner,
     Agent,
+}
+
+/// `sandboxd.1`, then `sandboxd-<sub>.1` for every visible subcommand
+/// (and `sandboxd-<sub>-<subsub>.1` below those), from the clap definitions.
+pub fn write_man_pages(dir: &std::path::Path) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    fn write(dir: &std::path::Path, name: String, cmd: clap::Command) -> anyhow::Result<()> {
+        let cmd = cmd.name(name.clone());
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.1")), page)?;
+        for sub in cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
+            write(dir, format!("{name}-{}", sub.get_name()), sub.clone())?;
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(dir)?;
+    // The package version, without the test builds' " (failpoints)".
+    let mut cmd = Cli::command().version(env!("CARGO_PKG_VERSION"));
+    cmd.build();
+    write(dir, "sandboxd".into(), cmd)
 }
 
 /// Writes `bytes` to stdout; a reader that stops early (`| head`) is not
@@ -124,6 +166,11 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "sandboxd", &mut script);
             print_bytes(&script)
+        }
+        Command::Config(ConfigCmd::Default) => print_bytes(config_cmd::default_toml().as_bytes()),
+        Command::Man { dir } => {
+            write_man_pages(&dir)?;
+            Ok(0)
         }
         Command::Openapi { api } => print_bytes(
             match api {

@@ -41,6 +41,7 @@ mod native_seccomp;
 mod network;
 mod openapi;
 mod operator;
+mod package;
 mod seccomp_cli;
 mod seccomp_probe;
 mod seccomp_runc;

@@ -75,7 +75,25 @@ impl Daemon {
         args: &[&str],
         listen: &str,
     ) -> Daemon {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        Daemon::start_program(
+            std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")),
+            state_dir,
+            env,
+            args,
+            listen,
+        )
+    }
+
+    /// Like [`start_at`](Self::start_at), running `program` (an installed
+    /// `sandboxd`) instead of the binary under test.
+    pub fn start_program(
+        program: &std::path::Path,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        args: &[&str],
+        listen: &str,
+    ) -> Daemon {
+        let mut cmd = Command::new(program);
         cmd.arg("serve")
             .arg("--listen")
             .arg(listen)
@@ -424,6 +442,23 @@ impl Daemon {
         env: &[(&str, &str)],
         listen: &str,
     ) -> Daemon {
+        Daemon::start_native_program(
+            std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")),
+            dirs,
+            state_dir,
+            env,
+            listen,
+        )
+    }
+
+    /// Like [`start_native_at`](Self::start_native_at), running `program`.
+    pub fn start_native_program(
+        program: &std::path::Path,
+        dirs: &NativeDirs,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        listen: &str,
+    ) -> Daemon {
         let ud = dirs.user_data().to_string_lossy().to_string();
         let sk = dirs.skills().to_string_lossy().to_string();
         let mut all = vec![
@@ -438,7 +473,7 @@ impl Daemon {
             ("SANDBOXD_NETWORK_SUBNET", dirs.net_subnet.as_str()),
         ];
         all.extend_from_slice(env);
-        let mut d = Daemon::start_at(state_dir, &all, &[], listen);
+        let mut d = Daemon::start_program(program, state_dir, &all, &[], listen);
         d.graceful_drop = true;
         d
     }
