@@ -52,8 +52,23 @@ impl BackendKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// JSON when stderr is not a terminal or under journald
+    /// (`JOURNAL_STREAM` set), text on a terminal.
+    Auto,
     Text,
     Json,
+}
+
+impl LogFormat {
+    /// What `Auto` means for a process whose stderr is (not) a terminal,
+    /// with (without) `JOURNAL_STREAM`.
+    pub fn resolve(self, stderr_is_tty: bool, journal_stream: bool) -> LogFormat {
+        match self {
+            LogFormat::Auto if journal_stream || !stderr_is_tty => LogFormat::Json,
+            LogFormat::Auto => LogFormat::Text,
+            other => other,
+        }
+    }
 }
 
 impl std::str::FromStr for LogFormat {
@@ -64,7 +79,8 @@ impl std::str::FromStr for LogFormat {
         match s {
             "json" => Ok(LogFormat::Json),
             "text" => Ok(LogFormat::Text),
-            _ => Err(format!("{s:?} is not text or json")),
+            "auto" => Ok(LogFormat::Auto),
+            _ => Err(format!("{s:?} is not auto, text or json")),
         }
     }
 }
@@ -602,7 +618,7 @@ impl Default for Config {
             shutdown_grace_seconds: 20,
             delete_grace_seconds: 10,
             stop_timeout_seconds: 60,
-            log_format: LogFormat::Text,
+            log_format: LogFormat::Auto,
             worker_threads: None,
             memory_create_delay_ms: 0,
             limits: Limits::default(),
@@ -727,7 +743,8 @@ fn set_backend(c: &mut Config, v: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `text` or `json` exactly.
+/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `auto`, `text` or `json`
+/// exactly.
 fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
     if !v.is_empty() {
         c.log_format = v.parse()?;
@@ -1057,7 +1074,7 @@ mod tests {
         assert_eq!(c.sandbox_image, DEFAULT_SANDBOX_IMAGE);
         assert_eq!(c.container_port, 8080);
         assert_eq!(c.backend, BackendKind::Native);
-        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.log_format, LogFormat::Auto);
         assert_eq!(c.worker_threads, None);
         assert_eq!(c.token.as_deref(), Some(""));
         for (name, value) in [

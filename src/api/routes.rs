@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use super::error::ApiError;
 use super::openapi::{
@@ -380,7 +380,14 @@ async fn route(
         (Route::Proxy(id, rest), m) if PROXY_METHODS.contains(m) => {
             valid_id(id)?;
             let (id, rest) = (id.to_string(), rest.to_string());
-            proxy::forward(lc, &state.client, &state.proxy, &id, &rest, req).await
+            let span = tracing::debug_span!(
+                "proxy",
+                sandbox_id = %id,
+                generation = tracing::field::Empty
+            );
+            proxy::forward(lc, &state.client, &state.proxy, &id, &rest, req)
+                .instrument(span)
+                .await
         }
         (r, _) => Err(ApiError::Method(r.allowed())),
     }

@@ -9,6 +9,7 @@ pub mod bundle;
 pub mod config_cmd;
 pub mod doctor;
 pub mod kube;
+pub mod logfmt;
 pub mod ops;
 pub mod seccomp;
 pub mod serve;

@@ -29,6 +29,7 @@ mod daemon_config;
 mod fuzz_api;
 mod kube_backend;
 mod kube_golden;
+mod logs_json;
 mod native;
 mod native_cgroups;
 mod native_client;

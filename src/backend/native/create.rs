@@ -96,6 +96,8 @@ impl NativeBackend {
             created_at: unix_now(),
             network: None,
         };
+        // The create span (lifecycle) carries it from here on.
+        tracing::Span::current().record("generation", generation.as_str());
         let mut made = CreateGuard::new(self, id);
         self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterState);

@@ -103,6 +103,9 @@ impl Daemon {
             .env_remove("SANDBOXD_CONFIG")
             .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
             .env("RUST_LOG", "info")
+            // The tests read the text format (a piped stderr means JSON by
+            // default); `tests/it/logs_json.rs` reads the JSON one.
+            .env("SANDBOXD_LOG_FORMAT", "text")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -117,9 +120,13 @@ impl Daemon {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(i) = line.find("address=http://") {
-                    let a = line[i + "address=http://".len()..]
-                        .split_whitespace()
+                // Text (`address=http://…`) or JSON (`"address":"http://…"`).
+                let at = ["address=http://", "\"address\":\"http://"]
+                    .iter()
+                    .find_map(|k| line.find(k).map(|i| i + k.len()));
+                if let Some(i) = at {
+                    let a = line[i..]
+                        .split(|c: char| c.is_whitespace() || c == '"')
                         .next()
                         .unwrap()
                         .to_string();
