@@ -224,12 +224,19 @@ async fn the_package_installs_removes_and_purges_cleanly() {
     let stage = tempfile::tempdir().unwrap();
     let release = stage.path().join("release");
     std::fs::create_dir_all(&release).unwrap();
-    for (name, from) in [
-        ("sandboxd", PathBuf::from(BIN)),
-        ("sandbox-init", sibling_bin("sandbox-init")),
-        ("sandbox-agent", sibling_bin("sandbox-agent")),
+    // The agent where the build script leaves it (static-agent/<target
+    // triple>/<profile>/), as the package metadata names it.
+    let agent_dir = release.join("static-agent/host/release");
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    for (to, from) in [
+        (release.join("sandboxd"), PathBuf::from(BIN)),
+        (release.join("sandbox-init"), sibling_bin("sandbox-init")),
+        (
+            agent_dir.join("sandbox-agent"),
+            sibling_bin("sandbox-agent"),
+        ),
     ] {
-        std::fs::copy(&from, release.join(name)).unwrap();
+        std::fs::copy(&from, &to).unwrap();
     }
     let out_dir = stage.path().join("debian");
     let started = std::time::Instant::now();
