@@ -146,7 +146,9 @@ proptest! {
         auth in proptest::option::of(prop_oneof![
             Just("Bearer ".to_string()),
             Just(format!("bearer {TOKEN}")),
-            Just(format!("Bearer {TOKEN} ")),
+            // (Trailing white space is not a wrong token: HTTP strips it
+            // from header values before the daemon sees them.)
+            Just(format!("Bearer {TOKEN}x")),
             Just(format!("Bearer  {TOKEN}")),
             Just(format!("Bearer {}", &TOKEN[1..])),
             "[ -~]{0,80}",
