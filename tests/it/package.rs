@@ -109,7 +109,7 @@ fn the_packaged_generated_files_are_current() {
         assert!(
             &committed == text,
             "{} is not what the binary generates now: regenerate with \
-             `UPDATE_GOLDEN=1 cargo test --test it package`",
+             `UPDATE_GOLDEN=1 cargo test --test it package::the_packaged`",
             path.display()
         );
     }
