@@ -243,7 +243,7 @@ async fn the_package_installs_removes_and_purges_cleanly() {
     ok(Command::new(&cargo)
         .current_dir(repo())
         .env("CARGO_TARGET_DIR", stage.path())
-        .args(["deb", "--no-build", "--fast", "--output"])
+        .args(["deb", "--no-build", "--fast", "--strip", "--output"])
         .arg(&out_dir));
     eprintln!("cargo deb --no-build took {:?}", started.elapsed());
     let deb = std::fs::read_dir(&out_dir)
