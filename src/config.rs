@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use sandbox_abi::request::ResourceLimits;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,7 +25,7 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     Native,
@@ -49,11 +49,26 @@ impl BackendKind {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// JSON when stderr is not a terminal or under journald
+    /// (`JOURNAL_STREAM` set), text on a terminal.
+    Auto,
     Text,
     Json,
+}
+
+impl LogFormat {
+    /// What `Auto` means for a process whose stderr is (not) a terminal,
+    /// with (without) `JOURNAL_STREAM`.
+    pub fn resolve(self, stderr_is_tty: bool, journal_stream: bool) -> LogFormat {
+        match self {
+            LogFormat::Auto if journal_stream || !stderr_is_tty => LogFormat::Json,
+            LogFormat::Auto => LogFormat::Text,
+            other => other,
+        }
+    }
 }
 
 impl std::str::FromStr for LogFormat {
@@ -64,7 +79,8 @@ impl std::str::FromStr for LogFormat {
         match s {
             "json" => Ok(LogFormat::Json),
             "text" => Ok(LogFormat::Text),
-            _ => Err(format!("{s:?} is not text or json")),
+            "auto" => Ok(LogFormat::Auto),
+            _ => Err(format!("{s:?} is not auto, text or json")),
         }
     }
 }
@@ -111,6 +127,13 @@ impl TryFrom<String> for ConnectMode {
     }
 }
 
+/// Written as its configuration spelling (for `sandboxd config default`).
+impl Serialize for ConnectMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl std::fmt::Display for ConnectMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -149,6 +172,13 @@ impl TryFrom<String> for NetworkPolicyMode {
                 "kubernetes.network_policy {other:?} is not create or external"
             )),
         }
+    }
+}
+
+/// Written as its configuration spelling (for `sandboxd config default`).
+impl Serialize for NetworkPolicyMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -193,6 +223,13 @@ impl TryFrom<String> for KubeSeccomp {
     }
 }
 
+/// Written as its configuration spelling (for `sandboxd config default`).
+impl Serialize for KubeSeccomp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl std::fmt::Display for KubeSeccomp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -200,7 +237,7 @@ impl std::fmt::Display for KubeSeccomp {
 }
 
 /// Node defaults and maxima for sandbox resources.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     pub memory_mb: u64,
@@ -246,7 +283,7 @@ impl Default for Limits {
 }
 
 /// Settings of the node-local backend.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NativeConfig {
     /// Host paths bind-mounted read-only into the "host" rootfs profile.
@@ -312,7 +349,7 @@ pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
 ];
 
 /// Settings of the streaming proxy (`[proxy]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProxyConfig {
     /// Response headers copied back from a sandbox (case-insensitive);
@@ -359,7 +396,7 @@ impl ProxyConfig {
 }
 
 /// Settings of the Kubernetes backend.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KubeConfig {
     pub namespace: String,
@@ -457,7 +494,7 @@ pub const DEFAULT_SANDBOX_IMAGE: &str = "python:3.12-slim-bookworm";
 pub use sandbox_abi::model::NetworkMode;
 
 /// Sandbox networking (`[network]`, see `docs/network.md`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetworkConfig {
     /// `egress` (default): a veth, NAT and the egress policy; `none`:
@@ -594,7 +631,7 @@ impl UsernsConfig {
 }
 
 /// The whole daemon configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub backend: BackendKind,
@@ -679,7 +716,7 @@ impl Default for Config {
             shutdown_grace_seconds: 20,
             delete_grace_seconds: 10,
             stop_timeout_seconds: 60,
-            log_format: LogFormat::Text,
+            log_format: LogFormat::Auto,
             worker_threads: None,
             memory_create_delay_ms: 0,
             limits: Limits::default(),
@@ -808,7 +845,8 @@ fn set_backend(c: &mut Config, v: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `text` or `json` exactly.
+/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `auto`, `text` or `json`
+/// exactly.
 fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
     if !v.is_empty() {
         c.log_format = v.parse()?;
@@ -1182,7 +1220,7 @@ mod tests {
         assert_eq!(c.sandbox_image, DEFAULT_SANDBOX_IMAGE);
         assert_eq!(c.container_port, 8080);
         assert_eq!(c.backend, BackendKind::Native);
-        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.log_format, LogFormat::Auto);
         assert_eq!(c.worker_threads, None);
         assert_eq!(c.token.as_deref(), Some(""));
         for (name, value) in [

@@ -21,6 +21,9 @@ use crate::lifecycle::Lifecycle;
 pub mod auth;
 pub mod conns;
 pub mod error;
+#[cfg(test)]
+mod fuzz_tests;
+pub mod openapi;
 pub mod proxy;
 pub mod routes;
 

@@ -359,6 +359,7 @@ pub async fn forward(
 ) -> Result<Response<RespBody>, ApiError> {
     let pin = lifecycle.pin(id).await?;
     let record = &pin.record;
+    tracing::Span::current().record("generation", record.generation.as_str());
     let prefix = lifecycle.backend().path_prefix(record);
     let mut path_and_query = format!("{prefix}/{rest}");
     if let Some(q) = req.uri().query() {

@@ -10,10 +10,13 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use serde_json::{json, Value};
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use super::error::ApiError;
+use super::openapi::{
+    DeleteResponse, ErrorDetail, HealthResponse, QuiesceResponse, SandboxList, SandboxResponse,
+    TouchResponse,
+};
 use super::{proxy, AppState, RespBody};
 use crate::lifecycle::LifecycleError;
 use crate::model::{validate_sandbox_id, CreateRequest, SandboxRecord};
@@ -32,9 +35,10 @@ const PROXY_METHODS: [Method; 7] = [
 ];
 
 /// The routes of the contract.
-enum Route<'a> {
+pub(super) enum Route<'a> {
     Health,
     Metrics,
+    OpenApi,
     Sandboxes,
     Quiesce,
     Sandbox(&'a str),
@@ -44,12 +48,15 @@ enum Route<'a> {
 }
 
 impl Route<'_> {
-    fn parse(path: &str) -> Option<Route<'_>> {
+    pub(super) fn parse(path: &str) -> Option<Route<'_>> {
         if path == "/health" {
             return Some(Route::Health);
         }
         if path == "/metrics" {
             return Some(Route::Metrics);
+        }
+        if path == "/openapi.json" {
+            return Some(Route::OpenApi);
         }
         let rest = path.strip_prefix("/api/sandboxes")?;
         if rest.is_empty() || rest == "/" {
@@ -70,6 +77,17 @@ impl Route<'_> {
         }
     }
 
+    /// The id in the path, if the route has one.
+    #[cfg(test)]
+    pub(super) fn id(&self) -> Option<&str> {
+        match self {
+            Route::Sandbox(id) | Route::Touch(id) | Route::Logs(id) | Route::Proxy(id, _) => {
+                Some(id)
+            }
+            _ => None,
+        }
+    }
+
     /// The id of a single-sandbox route (`quiesce` is a valid id too).
     fn sandbox_id(&self) -> &str {
         match self {
@@ -80,7 +98,7 @@ impl Route<'_> {
 
     fn allowed(&self) -> &'static str {
         match self {
-            Route::Health | Route::Metrics => "GET",
+            Route::Health | Route::Metrics | Route::OpenApi => "GET",
             Route::Sandboxes => "GET, POST",
             // `quiesce` is also a valid id: GET/DELETE reach that sandbox.
             Route::Quiesce => "GET, POST, DELETE",
@@ -92,7 +110,7 @@ impl Route<'_> {
     }
 }
 
-pub fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
+pub fn json_response(status: StatusCode, v: &impl serde::Serialize) -> Response<RespBody> {
     let body = serde_json::to_vec(v).unwrap_or_default();
     Response::builder()
         .status(status)
@@ -108,7 +126,7 @@ pub fn full(b: impl Into<Bytes>) -> RespBody {
 }
 
 fn error_response(e: &ApiError) -> Response<RespBody> {
-    let mut r = json_response(e.status(), &json!({ "detail": e.detail() }));
+    let mut r = json_response(e.status(), &ErrorDetail { detail: e.detail() });
     if let ApiError::Method(allow) = e {
         if let Ok(v) = allow.parse() {
             r.headers_mut().insert(header::ALLOW, v);
@@ -124,21 +142,16 @@ fn error_response(e: &ApiError) -> Response<RespBody> {
     r
 }
 
-pub fn record_json(state: &AppState, r: &SandboxRecord) -> Value {
-    let mut v = json!({
-        "sandbox_id": r.sandbox_id,
-        "sandbox_url": format!("{}/api/sandboxes/{}/proxy", state.public_url, r.sandbox_id),
-        "status": r.status.as_str(),
-        "generation": r.generation,
-        "workdir_path": r.identity.workdir_path,
-    });
-    if let Some(oom) = r.oom_killed {
-        v["oom_killed"] = json!(oom);
+pub fn record_json(state: &AppState, r: &SandboxRecord) -> SandboxResponse {
+    SandboxResponse {
+        sandbox_id: r.sandbox_id.clone(),
+        sandbox_url: format!("{}/api/sandboxes/{}/proxy", state.public_url, r.sandbox_id),
+        status: r.status,
+        generation: r.generation.clone(),
+        workdir_path: r.identity.workdir_path.clone(),
+        oom_killed: r.oom_killed,
+        network: state.lifecycle.backend().network(&r.sandbox_id),
     }
-    if let Some(net) = state.lifecycle.backend().network(&r.sandbox_id) {
-        v["network"] = net;
-    }
-    v
 }
 
 fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
@@ -233,7 +246,7 @@ async fn route(
     let path = req.uri().path().to_string();
     let route = Route::parse(&path).ok_or(ApiError::NoRoute)?;
     let m = req.method().clone();
-    if !matches!(route, Route::Health | Route::Metrics) {
+    if !matches!(route, Route::Health | Route::Metrics | Route::OpenApi) {
         let header = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -246,14 +259,19 @@ async fn route(
     match (&route, &m) {
         (Route::Health, &Method::GET) => Ok(json_response(
             StatusCode::OK,
-            &json!({
-                "status": "ok",
-                "backend": lc.backend().name(),
-                "idle_timeout_seconds": lc.settings().idle_timeout.map(|d| d.as_secs()).unwrap_or(0),
-                "idle_check_interval_seconds": lc.settings().idle_check_interval.as_secs(),
-                "tracked_sandboxes": lc.tracked_count(),
-            }),
+            &HealthResponse {
+                status: "ok".into(),
+                backend: lc.backend().name().into(),
+                idle_timeout_seconds: lc.settings().idle_timeout.map(|d| d.as_secs()).unwrap_or(0),
+                idle_check_interval_seconds: lc.settings().idle_check_interval.as_secs(),
+                tracked_sandboxes: lc.tracked_count(),
+            },
         )),
+        (Route::OpenApi, &Method::GET) => Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(full(super::openapi::provisioner_json()))
+            .expect("static response parts are valid")),
         (Route::Metrics, &Method::GET) => {
             // Reading the nft counters runs the nft binary: off the runtime.
             let b = lc.backend().clone();
@@ -271,7 +289,7 @@ async fn route(
                 .expect("valid response"))
         }
         (Route::Sandboxes, &Method::GET) => {
-            let list: Vec<Value> = lc
+            let sandboxes: Vec<SandboxResponse> = lc
                 .list()
                 .await
                 .iter()
@@ -279,7 +297,10 @@ async fn route(
                 .collect();
             Ok(json_response(
                 StatusCode::OK,
-                &json!({ "count": list.len(), "sandboxes": list }),
+                &SandboxList {
+                    count: sandboxes.len(),
+                    sandboxes,
+                },
             ))
         }
         (Route::Sandboxes, &Method::POST) => {
@@ -302,7 +323,10 @@ async fn route(
             let n = lc.quiesce(Duration::from_secs(timeout)).await?;
             Ok(json_response(
                 StatusCode::OK,
-                &json!({ "ok": true, "deleted": n }),
+                &QuiesceResponse {
+                    ok: true,
+                    deleted: n,
+                },
             ))
         }
         (Route::Sandbox(_) | Route::Quiesce, &Method::GET) => {
@@ -318,7 +342,10 @@ async fn route(
             lc.delete(id, expected).await?;
             Ok(json_response(
                 StatusCode::OK,
-                &json!({ "ok": true, "sandbox_id": id }),
+                &DeleteResponse {
+                    ok: true,
+                    sandbox_id: id.to_string(),
+                },
             ))
         }
         (Route::Touch(id), &Method::POST) => {
@@ -326,7 +353,11 @@ async fn route(
             let record = lc.discover(id).await?;
             Ok(json_response(
                 StatusCode::OK,
-                &json!({ "ok": true, "sandbox_id": id, "status": record.status.as_str() }),
+                &TouchResponse {
+                    ok: true,
+                    sandbox_id: id.to_string(),
+                    status: record.status,
+                },
             ))
         }
         (Route::Logs(id), &Method::GET) => {
@@ -349,7 +380,14 @@ async fn route(
         (Route::Proxy(id, rest), m) if PROXY_METHODS.contains(m) => {
             valid_id(id)?;
             let (id, rest) = (id.to_string(), rest.to_string());
-            proxy::forward(lc, &state.client, &state.proxy, &id, &rest, req).await
+            let span = tracing::debug_span!(
+                "proxy",
+                sandbox_id = %id,
+                generation = tracing::field::Empty
+            );
+            proxy::forward(lc, &state.client, &state.proxy, &id, &rest, req)
+                .instrument(span)
+                .await
         }
         (r, _) => Err(ApiError::Method(r.allowed())),
     }

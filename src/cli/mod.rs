@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub mod bundle;
+pub mod config_cmd;
 pub mod doctor;
 pub mod kube;
+pub mod logfmt;
 pub mod ops;
 pub mod seccomp;
 pub mod serve;
@@ -58,11 +60,75 @@ pub enum Command {
     /// Check this node for the configured backend and explain every problem
     /// with its fix; exit status 0 only when a create would work.
     Doctor(doctor::DoctorArgs),
+    /// Print the configuration file with every setting at its default
+    /// (commented out): `sandboxd config default`.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+    /// Write man pages (sandboxd.1 and one per subcommand) into a directory.
+    #[command(hide = true)]
+    Man {
+        /// The directory (created if missing).
+        dir: PathBuf,
+    },
+    /// Print the OpenAPI 3.1 description of the provisioner API (the one
+    /// `GET /openapi.json` serves) or of the in-sandbox agent API.
+    Openapi {
+        #[arg(value_enum)]
+        api: OpenapiDoc,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCmd {
+    /// The configuration file with every setting at its default, commented
+    /// out (the Debian package's /etc/sandboxd/config.toml).
+    Default,
+}
+
+/// The documents `sandboxd openapi` prints (`docs/openapi/<name>.json`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OpenapiDoc {
+    Provisioner,
+    Agent,
+}
+
+/// `sandboxd.1`, then `sandboxd-<sub>.1` for every visible subcommand
+/// (and `sandboxd-<sub>-<subsub>.1` below those), from the clap definitions.
+pub fn write_man_pages(dir: &std::path::Path) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    fn write(dir: &std::path::Path, name: String, cmd: clap::Command) -> anyhow::Result<()> {
+        let cmd = cmd.name(name.clone());
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.1")), page)?;
+        for sub in cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
+            write(dir, format!("{name}-{}", sub.get_name()), sub.clone())?;
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(dir)?;
+    // The package version, without the test builds' " (failpoints)".
+    let mut cmd = Cli::command().version(env!("CARGO_PKG_VERSION"));
+    cmd.build();
+    write(dir, "sandboxd".into(), cmd)
+}
+
+/// Writes `bytes` to stdout; a reader that stops early (`| head`) is not
+/// an error.
+fn print_bytes(bytes: &[u8]) -> anyhow::Result<i32> {
+    use std::io::Write;
+    match std::io::stdout().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -98,15 +164,22 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Doctor(a) => doctor::run(a),
         Command::Completions { shell } => {
             use clap::CommandFactory;
-            use std::io::Write;
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "sandboxd", &mut script);
-            // A reader that stops early (`| head`) is not an error.
-            match std::io::stdout().write_all(&script) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-                _ => Ok(0),
-            }
+            print_bytes(&script)
         }
+        Command::Config(ConfigCmd::Default) => print_bytes(config_cmd::default_toml().as_bytes()),
+        Command::Man { dir } => {
+            write_man_pages(&dir)?;
+            Ok(0)
+        }
+        Command::Openapi { api } => print_bytes(
+            match api {
+                OpenapiDoc::Provisioner => crate::api::openapi::provisioner_json(),
+                OpenapiDoc::Agent => sandbox_agent::openapi::agent_json(),
+            }
+            .as_bytes(),
+        ),
         Command::Rm(a) => ops::rm(a),
     }
 }

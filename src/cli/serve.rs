@@ -25,8 +25,11 @@ use crate::lifecycle::{Lifecycle, Settings};
 use crate::metrics::Metrics;
 use crate::systemd::{ActivatedListener, Notifier, SystemdEnv};
 
-/// Sets up `tracing` (text or JSON on stderr; `RUST_LOG` filters).
+/// Sets up `tracing` (text or JSON on stderr; `RUST_LOG` filters). `auto`:
+/// JSON when stderr is not a terminal or under journald, text on a terminal.
 pub fn init_logging(format: LogFormat) {
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let format = format.resolve(tty, std::env::var_os("JOURNAL_STREAM").is_some());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         // libcgroups warns about every v1 controller a host lacks, on every
         // cgroup it opens: keep that out of the default log.
@@ -38,9 +41,13 @@ pub fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(tty);
     let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
+        // Span fields (sandbox_id, generation) at the top level of each line.
+        LogFormat::Json | LogFormat::Auto => builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(super::logfmt::FlatJson)
+            .try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }

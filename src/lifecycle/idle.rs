@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use super::Lifecycle;
 
@@ -29,15 +29,26 @@ pub(super) fn spawn(lc: Arc<Lifecycle>) -> Option<tokio::task::JoinHandle<()>> {
                 .filter(|o| o.idle > timeout && o.inflight == 0)
                 .collect();
             for o in idle {
-                match lc.reap(&o).await {
-                    Ok(true) => info!(sandbox_id = %o.id, generation = %o.generation,
-                                      idle_s = o.idle.as_secs(), "reaped idle sandbox"),
-                    Ok(false) => {}
-                    Err(e) => {
-                        lc.metrics.error(e.kind());
-                        warn!(sandbox_id = %o.id, error = %e, "reaper could not delete sandbox")
+                // The reap's lines (the delete's included) carry both fields.
+                let span = tracing::info_span!(
+                    "reap",
+                    sandbox_id = %o.id,
+                    generation = %o.generation
+                );
+                let lc = &lc;
+                let o = &o;
+                async move {
+                    match lc.reap(o).await {
+                        Ok(true) => info!(idle_s = o.idle.as_secs(), "reaped idle sandbox"),
+                        Ok(false) => {}
+                        Err(e) => {
+                            lc.metrics.error(e.kind());
+                            warn!(error = %e, "reaper could not delete sandbox")
+                        }
                     }
                 }
+                .instrument(span)
+                .await;
             }
         }
     }))

@@ -288,7 +288,10 @@ impl Lifecycle {
             &self.settings.limits.resources(),
         )?;
         let id = spec.sandbox_id.clone();
-        let span = tracing::info_span!("create", sandbox_id = %id, uid = %spec.identity.uid);
+        // `generation` is recorded once known (reuse, or by the backend as
+        // soon as it makes one), so nested lines carry it too.
+        let span = tracing::info_span!("create", sandbox_id = %id, uid = %spec.identity.uid,
+                                       generation = tracing::field::Empty);
         async {
             if self.is_quiescing() {
                 return Err(LifecycleError::Quiescing);
@@ -302,6 +305,7 @@ impl Lifecycle {
                 }
                 let status = self.backend.status(&existing).await;
                 if status == SandboxStatus::Running {
+                    tracing::Span::current().record("generation", existing.generation.as_str());
                     self.touch(&id);
                     info!(generation = %existing.generation, "reusing running sandbox");
                     return Ok(existing);
@@ -327,6 +331,7 @@ impl Lifecycle {
                 .backend
                 .create(&spec, self.settings.health_timeout)
                 .await?;
+            tracing::Span::current().record("generation", record.generation.as_str());
             self.metrics
                 .create_seconds
                 .observe(started.elapsed().as_secs_f64());
@@ -411,7 +416,11 @@ impl Lifecycle {
         expected_generation: Option<&str>,
         unless_touched: Option<u64>,
     ) -> Result<bool, LifecycleError> {
-        let span = tracing::info_span!("delete", sandbox_id = %id);
+        let span = tracing::info_span!(
+            "delete",
+            sandbox_id = %id,
+            generation = tracing::field::Empty
+        );
         async {
             let started = Instant::now();
             let (slot, _op) = self.locks.operation(id).await;
@@ -431,9 +440,10 @@ impl Lifecycle {
                 }
                 Ok(Some(t.record.clone()))
             };
-            if check(self)?.is_none() {
+            let Some(seen) = check(self)? else {
                 return Ok(false);
-            }
+            };
+            tracing::Span::current().record("generation", seen.generation.as_str());
             let touched = |lc: &Self, seen: u64| {
                 let now = lc.table().get(id).map(|t| t.touches);
                 let touched = now != Some(seen);

@@ -260,7 +260,8 @@ fn config_log_format_applies_and_env_wins() {
         .find(|l| l.contains(alias))
         .unwrap_or_else(|| panic!("no alias line: {lines:?}"));
     let v: serde_json::Value = serde_json::from_str(line).expect("a JSON log line");
-    assert_eq!(v["fields"]["value"], "docker");
+    // Fields at the top level (src/cli/logfmt.rs).
+    assert_eq!(v["value"], "docker");
 
     let lines = serve_log(
         &conf,

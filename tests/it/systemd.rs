@@ -104,6 +104,7 @@ impl Proc {
         cmd.env_remove("SANDBOXD_CONFIG")
             .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
             .env("RUST_LOG", "info")
+            .env("SANDBOXD_LOG_FORMAT", "text")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -139,6 +139,7 @@ pub enum StorageMode {
 /// or `none` (loopback only). The daemon's `[network] mode` is the default
 /// and the widest a create may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum NetworkMode {
     Egress,
@@ -179,10 +180,14 @@ pub struct Identity {
 /// Optional per-request resource limits (an extension; old clients never
 /// send it). Capped by the node maxima.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ResourceRequest {
+    /// Memory limit in MiB (default and maximum: the node's `[limits]`).
     pub memory_mb: Option<u64>,
+    /// CPUs (fractions allowed).
     pub cpus: Option<f64>,
+    /// Maximum number of processes.
     pub pids: Option<u64>,
 }
 
@@ -190,14 +195,35 @@ pub struct ResourceRequest {
 /// ignored (old and new clients alike); `null` is accepted for every
 /// optional field.
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateRequest {
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9_-]{1,63}$", example = "3f2a9c1b7d44")
+    )]
     pub sandbox_id: String,
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9_-]{1,255}$", example = "t1")
+    )]
     pub thread_id: String,
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9_-]{1,255}$", example = "u1")
+    )]
     pub uid: String,
+    /// Relative to the user's workspace; no `.`, `..` or empty component.
     #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 4096, example = "projects/abc")
+    )]
     pub workdir_path: Option<String>,
+    /// Variables for the sandbox's commands (`null` values become "").
     #[serde(default)]
     pub env: Option<BTreeMap<String, Option<String>>>,
+    /// Default `true`; `false` without `workdir_path` makes an ephemeral
+    /// sandbox.
     #[serde(default)]
     pub inherit_env: Option<bool>,
     #[serde(default)]
@@ -229,6 +255,7 @@ pub struct Resources {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxStatus {
     /// Up and answering (as far as a cheap check can tell).

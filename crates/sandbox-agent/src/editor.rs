@@ -21,6 +21,7 @@ use super::request::lenient;
 const SNIPPET_CONTEXT: usize = 4;
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EditorRequest {
     pub command: String,
     pub path: String,
@@ -39,6 +40,7 @@ pub struct EditorRequest {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EditorResult {
     pub output: String,
     pub path: String,

@@ -100,6 +100,7 @@ pub fn read_command_env(
 }
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecRequest {
     pub command: String,
     #[serde(default)]
@@ -119,9 +120,12 @@ pub struct ExecRequest {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecResult {
     pub session_id: String,
     pub command: String,
+    /// `completed`, `hard_timeout`, `terminated`, `running` (async), ...
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub status: &'static str,
     pub output: String,
     pub exit_code: Option<i32>,

@@ -97,6 +97,7 @@ impl FileError {
 }
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReadRequest {
     pub file: String,
     #[serde(default, deserialize_with = "lenient::int")]
@@ -106,12 +107,14 @@ pub struct ReadRequest {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReadResult {
     pub content: String,
     pub file: String,
 }
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WriteRequest {
     pub file: String,
     pub content: String,
@@ -126,6 +129,7 @@ pub struct WriteRequest {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WriteResult {
     pub file: String,
     pub bytes_written: usize,

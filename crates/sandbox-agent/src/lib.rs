@@ -28,6 +28,8 @@ pub mod exec;
 pub mod files;
 pub mod listing;
 pub mod loglimit;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod output;
 pub mod paths;
 pub mod reaper;

@@ -34,6 +34,7 @@ pub enum ListingError {
 }
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ListRequest {
     pub path: String,
     #[serde(default, deserialize_with = "lenient::flag")]
@@ -55,6 +56,7 @@ pub struct ListRequest {
 }
 
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileInfo {
     pub name: String,
     pub path: String,
@@ -68,6 +70,7 @@ pub struct FileInfo {
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ListResult {
     pub path: String,
     pub files: Vec<FileInfo>,
@@ -77,12 +80,14 @@ pub struct ListResult {
 }
 
 #[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FindRequest {
     pub path: String,
     pub glob: String,
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FindResult {
     pub path: String,
     pub files: Vec<String>,

@@ -70,6 +70,7 @@ fn io_err<'a>(
 }
 
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UploadResult {
     pub file_path: String,
     pub file_size: u64,

@@ -182,13 +182,23 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
     })
 }
 
-/// A binary shipped next to the running `sandboxd`; with
-/// [`HostPaths::Prepare`] it must be there.
+/// Where the Debian package installs `sandbox-init` and `sandbox-agent`
+/// (`sandboxd` itself goes to `/usr/bin`).
+pub const LIBEXEC_DIR: &str = "/usr/libexec/sandboxd";
+
+/// A binary shipped with `sandboxd`: next to the running `sandboxd` (a
+/// build tree, `/usr/local/bin`), else in [`LIBEXEC_DIR`] (the package);
+/// with [`HostPaths::Prepare`] it must be in one of them.
 pub(super) fn sibling_binary(name: &'static str, paths: HostPaths) -> Result<PathBuf, NativeError> {
     let path = std::env::current_exe()
         .map_err(NativeError::CurrentExe)?
         .with_file_name(name);
-    if paths == HostPaths::Untouched || path.is_file() {
+    let libexec = Path::new(LIBEXEC_DIR).join(name);
+    if path.is_file() {
+        Ok(path)
+    } else if libexec.is_file() {
+        Ok(libexec)
+    } else if paths == HostPaths::Untouched {
         Ok(path)
     } else {
         Err(NativeError::MissingBinary { name, path })

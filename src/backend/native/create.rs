@@ -97,6 +97,8 @@ impl NativeBackend {
             network: None,
             userns: None,
         };
+        // The create span (lifecycle) carries it from here on.
+        tracing::Span::current().record("generation", generation.as_str());
         let mut made = CreateGuard::new(self, id);
         // Its own host ids, recorded with the first state.json (the guard
         // gives them back if the create fails).

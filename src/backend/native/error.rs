@@ -22,10 +22,10 @@ pub enum NativeError {
     Seccomp(#[from] SeccompError),
     #[error("cannot locate the sandboxd binary: {0}")]
     CurrentExe(#[source] std::io::Error),
-    /// `sandbox-init` or `sandbox-agent` is not next to `sandboxd` and its
-    /// path is not configured.
+    /// `sandbox-init` or `sandbox-agent` is neither next to `sandboxd` nor
+    /// in `/usr/libexec/sandboxd/`, and its path is not configured.
     #[error(
-        "{name} not found at {} (set [native] {}_path)",
+        "{name} not found at {} nor in /usr/libexec/sandboxd/ (set [native] {}_path)",
         path.display(),
         name.trim_start_matches("sandbox-")
     )]

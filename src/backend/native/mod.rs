@@ -351,11 +351,13 @@ fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
     }
 }
 
-/// Runs blocking backend work off the async runtime.
+/// Runs blocking backend work off the async runtime, inside the caller's
+/// span (a create's or delete's `sandbox_id` and `generation`).
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, NativeError> + Send + 'static,
 ) -> Result<T, NativeError> {
-    tokio::task::spawn_blocking(f).await?
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(f)).await?
 }
 
 #[async_trait]

@@ -16,8 +16,19 @@ impl NativeBackend {
         let mut adopted = 0usize;
         let mut cleaned = 0usize;
         for id in self.state.ids() {
+            // Every line about this sandbox, `destroy`'s included, carries
+            // its id and (once read from its state) its generation.
+            let span = tracing::info_span!(
+                "reconcile",
+                sandbox_id = %id,
+                generation = tracing::field::Empty
+            );
+            let _in_span = span.enter();
             let st = match self.state.load(&id) {
-                Ok(Some(st)) => st,
+                Ok(Some(st)) => {
+                    span.record("generation", st.generation.as_str());
+                    st
+                }
                 Ok(None) => {
                     info!(sandbox_id = %id, "removing sandbox directory without state");
                     self.destroy(&id, None);

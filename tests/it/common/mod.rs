@@ -75,7 +75,25 @@ impl Daemon {
         args: &[&str],
         listen: &str,
     ) -> Daemon {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        Daemon::start_program(
+            std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")),
+            state_dir,
+            env,
+            args,
+            listen,
+        )
+    }
+
+    /// Like [`start_at`](Self::start_at), running `program` (an installed
+    /// `sandboxd`) instead of the binary under test.
+    pub fn start_program(
+        program: &std::path::Path,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        args: &[&str],
+        listen: &str,
+    ) -> Daemon {
+        let mut cmd = Command::new(program);
         cmd.arg("serve")
             .arg("--listen")
             .arg(listen)
@@ -85,6 +103,9 @@ impl Daemon {
             .env_remove("SANDBOXD_CONFIG")
             .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
             .env("RUST_LOG", "info")
+            // The tests read the text format (a piped stderr means JSON by
+            // default); `tests/it/logs_json.rs` reads the JSON one.
+            .env("SANDBOXD_LOG_FORMAT", "text")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -99,9 +120,13 @@ impl Daemon {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(i) = line.find("address=http://") {
-                    let a = line[i + "address=http://".len()..]
-                        .split_whitespace()
+                // Text (`address=http://…`) or JSON (`"address":"http://…"`).
+                let at = ["address=http://", "\"address\":\"http://"]
+                    .iter()
+                    .find_map(|k| line.find(k).map(|i| i + k.len()));
+                if let Some(i) = at {
+                    let a = line[i..]
+                        .split(|c: char| c.is_whitespace() || c == '"')
                         .next()
                         .unwrap()
                         .to_string();
@@ -429,6 +454,23 @@ impl Daemon {
         env: &[(&str, &str)],
         listen: &str,
     ) -> Daemon {
+        Daemon::start_native_program(
+            std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")),
+            dirs,
+            state_dir,
+            env,
+            listen,
+        )
+    }
+
+    /// Like [`start_native_at`](Self::start_native_at), running `program`.
+    pub fn start_native_program(
+        program: &std::path::Path,
+        dirs: &NativeDirs,
+        state_dir: tempfile::TempDir,
+        env: &[(&str, &str)],
+        listen: &str,
+    ) -> Daemon {
         let ud = dirs.user_data().to_string_lossy().to_string();
         let sk = dirs.skills().to_string_lossy().to_string();
         let mut all = vec![
@@ -448,7 +490,7 @@ impl Daemon {
             ("SANDBOXD_USERNS_RANGE_COUNT", "2097152"),
         ];
         all.extend_from_slice(env);
-        let mut d = Daemon::start_at(state_dir, &all, &[], listen);
+        let mut d = Daemon::start_program(program, state_dir, &all, &[], listen);
         d.graceful_drop = true;
         d
     }
