@@ -535,8 +535,8 @@ impl Default for NetworkConfig {
 
 /// Whether native sandboxes get a user namespace (`[userns] mode`,
 /// `SANDBOXD_USERNS`; see `docs/security.md#user-namespaces`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", rename_all = "lowercase")]
 pub enum UsernsMode {
     /// `auto` (default): on when the kernel and the filesystems of the
     /// user-data and skills roots (and the other bound paths) support
@@ -575,7 +575,7 @@ impl TryFrom<String> for UsernsMode {
 pub const USERNS_SLOT: u32 = 65536;
 
 /// User namespaces of native sandboxes (`[userns]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UsernsConfig {
     pub mode: UsernsMode,
