@@ -89,7 +89,7 @@ impl SpecConfig {
         };
         Ok(SpecConfig {
             namespace: k.namespace.clone(),
-            image: cfg.sandbox_image.clone(),
+            image: cfg.kube_sandbox_image().to_string(),
             agent_image: k.agent_image.clone(),
             container_port: cfg.container_port,
             user_data_pvc: k.user_data_pvc.clone(),

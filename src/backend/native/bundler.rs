@@ -111,17 +111,30 @@ impl Bundler {
         generation: &str,
         dir: &Path,
     ) -> Result<Spec, NativeError> {
+        self.write_bundle_with(spec, generation, dir, None)
+    }
+
+    /// [`write_bundle_to`](Self::write_bundle_to) with the sandbox's
+    /// userland: the host's (`None`) or an image's (see [`super::rootfs`]).
+    pub fn write_bundle_with(
+        &self,
+        spec: &SandboxSpec,
+        generation: &str,
+        dir: &Path,
+        image: Option<&crate::images::ResolvedImage>,
+    ) -> Result<Spec, NativeError> {
+        let (base, host) = super::rootfs::select(&self.base, &self.host, image);
         let cgroup_path = self.cgroup_parent.relative_path(&spec.sandbox_id);
         let oci = bundle::build_spec(
-            &self.base,
+            &base,
             spec,
             generation,
-            &self.host,
+            &host,
             &dir.join("files"),
             Some(&cgroup_path),
             Some(&self.seccomp.oci),
         )?;
-        let env = bundle::command_env(&self.base, spec);
+        let env = bundle::command_env(&base, spec);
         let resolv = match spec.network.unwrap_or(self.network) {
             crate::config::NetworkMode::Egress => self.resolv_egress.as_str(),
             crate::config::NetworkMode::None => bundle::RESOLV_NO_NETWORK,

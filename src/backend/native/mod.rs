@@ -36,6 +36,7 @@ pub mod output;
 pub use sandbox_abi::paths;
 pub mod proc;
 pub mod reconcile;
+mod rootfs;
 pub mod state;
 mod watch;
 
@@ -97,6 +98,8 @@ pub struct NativeBackend {
     outputs: Arc<output::Outputs>,
     /// Veths, addresses and the nftables table ([`net`]).
     net: Arc<net::Network>,
+    /// The image store and pulls ([`crate::images`]).
+    images: Arc<crate::images::Images>,
 }
 
 impl NativeBackend {
@@ -129,6 +132,8 @@ impl NativeBackend {
         nix::sys::prctl::set_child_subreaper(true).map_err(NativeError::Subreaper)?;
         host::tune(Path::new(host::INOTIFY_INSTANCES));
         let network = net::Network::new(&cfg.network)?;
+        let images = crate::images::Images::new(cfg, bundler.base())
+            .map_err(|e| NativeError::ImageStore(format!("{e:#}")))?;
         let backend = NativeBackend {
             state,
             bundler: Arc::new(bundler),
@@ -138,6 +143,7 @@ impl NativeBackend {
             live: Arc::new(Mutex::new(HashMap::new())),
             outputs: Arc::new(output::Outputs::default()),
             net: Arc::new(network),
+            images: Arc::new(images),
         };
         backend.reconcile();
         // The table from the adopted sandboxes; stale veths deleted.
@@ -153,6 +159,12 @@ impl NativeBackend {
             Err(e) => warn!(error = %e, "cannot remove orphan cgroups"),
         }
         Ok(backend)
+    }
+
+    /// Starts the background pull of the default image when it is missing
+    /// (the daemon serves meanwhile; see [`crate::images`]).
+    pub fn start_image_pull(&self) {
+        self.images.start_default_pull();
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
@@ -353,6 +365,10 @@ impl Backend for NativeBackend {
         })
     }
 
+    fn image_stats(&self) -> Option<crate::images::ImageStats> {
+        Some(self.images.stats())
+    }
+
     fn network_metrics(&self) -> Option<NetworkMetrics> {
         if self.net.mode() == crate::config::NetworkMode::None {
             return None;
@@ -380,9 +396,16 @@ impl Backend for NativeBackend {
         spec: &SandboxSpec,
         health_timeout: Duration,
     ) -> Result<SandboxRecord, BackendError> {
+        // The sandbox's image first (pulled if missing; waited for at most
+        // the health timeout), then everything else on a blocking thread.
+        let image = self
+            .images
+            .resolve(spec.identity.image.as_deref(), health_timeout)
+            .await
+            .map_err(NativeError::ImageUnavailable)?;
         let b = self.clone();
         let spec = spec.clone();
-        Ok(blocking(move || b.blocking_create(&spec, health_timeout)).await?)
+        Ok(blocking(move || b.blocking_create(&spec, health_timeout, image.as_ref())).await?)
     }
 
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {

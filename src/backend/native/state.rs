@@ -50,6 +50,11 @@ pub struct SandboxState {
     /// The sandbox's veth and address (egress only), once set up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<super::net::NetState>,
+    /// The manifest digest of the image it runs (none: the host's
+    /// userland). `image rm` and `gc` refuse to remove an image a record
+    /// names (`crate::images::image_users`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// The layout of the state directory.
@@ -184,6 +189,7 @@ mod tests {
                 uid: "u".into(),
                 workdir_path: None,
                 storage: StorageMode::Ephemeral,
+                image: None,
             },
             phase: Phase::Creating,
             pid: None,
@@ -196,6 +202,7 @@ mod tests {
             },
             created_at: 0,
             network: None,
+            image: None,
         };
         sd.save(&st).unwrap();
         assert_eq!(sd.load("a").unwrap().unwrap(), st);
