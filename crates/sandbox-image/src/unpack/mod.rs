@@ -224,7 +224,7 @@ pub fn apply_layer<R: Read>(
         u.stats.bytes += meta.size;
         u.stats.xattrs_dropped += meta.xattrs;
         if meta.xattrs > 0 {
-            tracing::debug!(path = shown, n = meta.xattrs, "layer: xattrs not applied");
+            tracing::debug!(path = ?shown, n = meta.xattrs, "layer: xattrs not applied");
         }
 
         let size = meta.size;
@@ -350,11 +350,13 @@ impl Unpacker<'_> {
                     SpecialFiles::Refuse => Err(hostile(shown, format!("{what} refused"))),
                     SpecialFiles::Skip => {
                         tracing::warn!(
-                            path = shown,
+                            path = ?shown,
                             kind = what,
                             "layer: special file skipped (a sandbox's /dev comes from the runtime)"
                         );
-                        self.stats.skipped.push(format!("{shown}: {what} skipped"));
+                        self.stats
+                            .skipped
+                            .push(format!("{shown:?}: {what} skipped"));
                         Ok(())
                     }
                 }
@@ -658,11 +660,21 @@ impl Unpacker<'_> {
         if last == OPAQUE_MARKER {
             // The directory holding the marker loses everything lower layers
             // put there; what this layer wrote (before or after the marker)
-            // stays.
+            // stays. The directory itself is not followed if it is a symlink
+            // (then there is no directory to make opaque: nothing to do).
             let dirpath = comps[..comps.len() - 1].join(&b'/');
-            let dir = match open_in_root(self.root, &dirpath, OFlags::RDONLY | OFlags::DIRECTORY) {
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+            let dir = match open_in_root(self.root, &dirpath, flags) {
                 Ok(d) => d,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
+                    ) =>
+                {
+                    tracing::debug!(path = ?shown, error = %e, "layer: opaque marker in no directory");
+                    return Ok(());
+                }
                 Err(e) => return Err(io_err("open opaque directory", shown, e)),
             };
             let keep = |k: &EntryKey| self.created.contains(k);
@@ -674,7 +686,7 @@ impl Unpacker<'_> {
         }
         if victim.starts_with(WHITEOUT_PREFIX) {
             // `.wh..wh.*` other than the opaque marker: AUFS metadata.
-            tracing::warn!(path = shown, "layer: unknown whiteout metadata skipped");
+            tracing::warn!(path = ?shown, "layer: unknown whiteout metadata skipped");
             self.stats
                 .skipped
                 .push(format!("{shown}: whiteout metadata skipped"));
@@ -712,7 +724,7 @@ impl Unpacker<'_> {
             )
             .and_then(|fd| futimens(&fd, &times(mtime)).map_err(io::Error::from));
             if let Err(e) = r {
-                tracing::debug!(path = %String::from_utf8_lossy(&path), error = %e, "layer: directory mtime not set");
+                tracing::debug!(path = ?String::from_utf8_lossy(&path), error = %e, "layer: directory mtime not set");
             }
         }
     }
@@ -788,4 +800,51 @@ fn copy_content(
         file.set_len(size).map_err(|e| io_err("write", shown, e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(s: &str) -> Result<Vec<String>, String> {
+        normalize(s.as_bytes(), s)
+            .map(|c| {
+                c.iter()
+                    .map(|c| String::from_utf8_lossy(c).into_owned())
+                    .collect()
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn names_are_normalized_inside_the_root() {
+        assert_eq!(norm("a/b").unwrap(), ["a", "b"]);
+        assert_eq!(norm("/a/b/").unwrap(), ["a", "b"]);
+        assert_eq!(norm("./a/./b").unwrap(), ["a", "b"]);
+        assert_eq!(norm("//a//b//").unwrap(), ["a", "b"]);
+        assert!(norm("./").unwrap().is_empty());
+        assert!(norm("/").unwrap().is_empty());
+        assert!(norm("").unwrap().is_empty());
+        assert_eq!(norm("a/.wh.b").unwrap(), ["a", ".wh.b"]);
+        assert_eq!(norm("...").unwrap(), ["..."]);
+        assert_eq!(norm("a/..b/c..").unwrap(), ["a", "..b", "c.."]);
+    }
+
+    #[test]
+    fn names_leaving_the_root_are_refused() {
+        for bad in [
+            "..",
+            "../a",
+            "a/../b",
+            "a/..",
+            "/..",
+            "./..",
+            "a/b/../../..",
+            "a\0b",
+            ".wh.x/y",
+            "a/.wh..wh..opq/b",
+        ] {
+            assert!(norm(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

@@ -309,6 +309,20 @@ pub(crate) fn next_member<R: Read>(
                 }
             }
         }
+        // Header-only types carry no content whatever their size field says
+        // (as Go's archive/tar reads them, which wrote nearly every layer):
+        // parsing them otherwise would let one layer mean two things.
+        if matches!(
+            kind,
+            EntryType::Link
+                | EntryType::Symlink
+                | EntryType::Char
+                | EntryType::Block
+                | EntryType::Directory
+                | EntryType::Fifo
+        ) {
+            meta.size = 0;
+        }
         return Ok(Member::Entry(meta));
     }
 }
