@@ -124,13 +124,9 @@ pub trait Progress: Send + Sync {
 pub struct NoProgress;
 impl Progress for NoProgress {}
 
-/// The limits an image's unpack runs under, by default.
+/// The limits an image's unpack runs under, by default (the unpacker's).
 pub fn default_limits() -> unpack::UnpackLimits {
-    unpack::UnpackLimits {
-        max_total_bytes: 20 << 30,
-        max_entries: 2_000_000,
-        max_path_len: 4096,
-    }
+    unpack::UnpackLimits::default()
 }
 
 fn failpoint_hit(name: &str) {
