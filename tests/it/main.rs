@@ -26,6 +26,7 @@ mod api;
 mod api_parity;
 mod cgroups_real;
 mod daemon_config;
+mod images;
 mod kube_backend;
 mod kube_golden;
 mod native;

@@ -1,0 +1,227 @@
+//! OCI images as native sandbox roots (`docs/images.md`): import (OCI
+//! layout, `docker save`), pull from a real registry of the test's own
+//! (Debian's `docker-registry`, on a loopback port, fed by `skopeo`), every
+//! verification failure leaving nothing behind, and sandboxes that see the
+//! image's files and none of the host's.
+
+use std::path::Path;
+
+use crate::common::oci::{
+    busybox_image, image_cli, layer_tar, store_contents, Compression, Entry, Image,
+};
+use crate::common::{create_body, privileged, Daemon, NativeDirs};
+
+const TAG: &str = "localhost/test/busybox:1";
+
+/// What a sandbox of the busybox image must see (and not see).
+async fn assert_runs_the_image(d: &Daemon, id: &str) {
+    let (out, code) = d
+        .exec(
+            id,
+            "cat /image-marker; cat /etc/os-release; echo IMAGE_VAR=$IMAGE_VAR; echo PATH=$PATH; \
+             id -u; pwd; \
+             test -e /usr/bin/bash && echo HOST-BASH || echo no-host-bash; \
+             test -e /usr/lib/x86_64-linux-gnu/libc.so.6 && echo HOST-LIBC || echo no-libc; \
+             cat /etc/passwd; echo x > /image-marker 2>/dev/null && echo WROTE-ROOT || echo root-read-only; \
+             echo y > /tmp/t && echo tmp-writable",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    for want in [
+        "from-the-image",
+        "ID=sandboxd-test-image",
+        "IMAGE_VAR=set-by-image",
+        "PATH=/bin:/image-bin",
+        "1000",
+        "/home/gem",
+        "no-host-bash",
+        "no-libc",
+        "gem:x:1000:1000",
+        "root-read-only",
+        "tmp-writable",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    assert!(
+        !out.contains("HOST-") && !out.contains("WROTE-ROOT"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn imported_oci_layout_runs_as_the_sandbox_root() {
+    if !privileged("imported_oci_layout_runs_as_the_sandbox_root") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let state = tempfile::tempdir().unwrap();
+    let layout = tempfile::tempdir().unwrap();
+    let digest = busybox_image().write_oci_layout(layout.path(), "1");
+    let (ok, out, err) = image_cli(
+        state.path(),
+        &["import", layout.path().to_str().unwrap(), "--tag", TAG],
+        &[],
+    );
+    assert!(ok, "import failed: {err}");
+    assert!(out.contains(&digest), "{out}");
+    let (ok, out, _) = image_cli(state.path(), &["ls"], &[]);
+    assert!(
+        ok && out.contains(TAG) && out.contains(&digest[..19]),
+        "{out}"
+    );
+
+    let d = Daemon::start_native_in(
+        &dirs,
+        state,
+        &[("SANDBOX_IMAGE", TAG), ("SANDBOXD_NETWORK", "none")],
+    );
+    let (s, v) = d.create(create_body("img-a", "t", "u1")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_runs_the_image(&d, "img-a").await;
+
+    // In use: rm and gc keep it.
+    let (ok, _, err) = image_cli(d.state_dir.path(), &["rm", TAG], &[]);
+    assert!(!ok && err.contains("used by sandbox(es) img-a"), "{err}");
+    let (ok, _, _) = image_cli(d.state_dir.path(), &["gc"], &[]);
+    assert!(ok);
+    assert_eq!(
+        store_contents(d.state_dir.path()).1,
+        1,
+        "gc removed a used rootfs"
+    );
+
+    let (s, v) = d.json("DELETE", "/api/sandboxes/img-a", None).await;
+    assert_eq!(s, 200, "{v}");
+    let (ok, out, err) = image_cli(d.state_dir.path(), &["rm", TAG], &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("removed"), "{out}");
+    let (ok, _, _) = image_cli(d.state_dir.path(), &["gc"], &[]);
+    assert!(ok);
+    assert_eq!(store_contents(d.state_dir.path()), (0, 0, 0, 0));
+}
+
+#[test]
+fn docker_save_import_and_verification_failures_leave_nothing() {
+    if !privileged("docker_save_import_and_verification_failures_leave_nothing") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    // A docker save archive imports, named by its RepoTags.
+    let archive = work.path().join("save.tar");
+    busybox_image().write_docker_save(&archive, "test/saved:2");
+    let state = tempfile::tempdir().unwrap();
+    let (ok, out, err) = image_cli(state.path(), &["import", archive.to_str().unwrap()], &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("docker.io/test/saved:2"), "{out}");
+    let (_, out, _) = image_cli(state.path(), &["ls", "--json"], &[]);
+    let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(v["reference"], "docker.io/test/saved:2");
+    let rootfs = state
+        .path()
+        .join("images/rootfs")
+        .join(&v["digest"].as_str().unwrap()[7..]);
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("image-marker")).unwrap(),
+        "from-the-image\n"
+    );
+    // The mount points are plain files and directories, never links.
+    assert!(rootfs
+        .join("etc/resolv.conf")
+        .symlink_metadata()
+        .unwrap()
+        .is_file());
+    assert!(rootfs.join(".sandboxd/sandbox-agent").is_file());
+
+    let fresh = || tempfile::tempdir().unwrap();
+    let expect_refused = |src: &Path, needle: &str| {
+        let state = fresh();
+        let (ok, _, err) = image_cli(
+            state.path(),
+            &["import", src.to_str().unwrap(), "--tag", TAG],
+            &[],
+        );
+        assert!(!ok, "a bad image was imported ({needle})");
+        assert!(err.contains(needle), "error lacks {needle:?}: {err}");
+        assert_eq!(
+            store_contents(state.path()),
+            (0, 0, 0, 0),
+            "{needle}: leftovers"
+        );
+    };
+
+    // A wrong diff_id (docker save and OCI layout).
+    let mut bad = busybox_image();
+    bad.wrong_diff_id = Some(1);
+    let archive = work.path().join("bad-diff.tar");
+    bad.write_docker_save(&archive, "test/bad:1");
+    expect_refused(&archive, "rootfs.diff_ids[1]");
+    let layout = work.path().join("bad-diff");
+    bad.write_oci_layout(&layout, "1");
+    expect_refused(&layout, "rootfs.diff_ids[1]");
+
+    // A tampered blob: same size, one byte changed.
+    let layout = work.path().join("tampered");
+    busybox_image().write_oci_layout(&layout, "1");
+    let blob = biggest_blob(&layout);
+    let mut b = std::fs::read(&blob).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0xff;
+    std::fs::write(&blob, &b).unwrap();
+    expect_refused(&layout, "digest mismatch");
+
+    // A truncated blob.
+    let layout = work.path().join("truncated");
+    busybox_image().write_oci_layout(&layout, "1");
+    let blob = biggest_blob(&layout);
+    let b = std::fs::read(&blob).unwrap();
+    std::fs::write(&blob, &b[..b.len() / 2]).unwrap();
+    expect_refused(&layout, "size mismatch");
+
+    // Not an image at all.
+    expect_refused(work.path(), "neither an OCI image layout");
+}
+
+fn biggest_blob(layout: &Path) -> std::path::PathBuf {
+    std::fs::read_dir(layout.join("blobs/sha256"))
+        .unwrap()
+        .flatten()
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .path()
+}
+
+/// A hostile layer (an absolute symlink escape, then a file written
+/// through it) is contained by the unpacker: nothing lands on the host.
+#[test]
+fn hostile_layer_is_contained() {
+    if !privileged("hostile_layer_is_contained") {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let target = work.path().join("host-target");
+    std::fs::create_dir(&target).unwrap();
+    let evil = layer_tar(&[
+        Entry::Symlink("escape".into(), target.to_string_lossy().to_string()),
+        Entry::File("escape/pwned".into(), b"x".to_vec(), 0o644),
+        Entry::File("ok".into(), b"fine".to_vec(), 0o644),
+    ]);
+    let img = Image {
+        layers: vec![(evil, Compression::None)],
+        env: vec![],
+        wrong_diff_id: None,
+    };
+    let layout = work.path().join("evil");
+    img.write_oci_layout(&layout, "1");
+    let state = tempfile::tempdir().unwrap();
+    let (_ok, _, _err) = image_cli(
+        state.path(),
+        &["import", layout.to_str().unwrap(), "--tag", TAG],
+        &[],
+    );
+    // Refused or contained: either way the host directory stays empty.
+    assert_eq!(
+        std::fs::read_dir(&target).unwrap().count(),
+        0,
+        "a layer wrote outside its rootfs"
+    );
+}
