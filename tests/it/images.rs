@@ -7,9 +7,10 @@
 use std::path::Path;
 
 use crate::common::oci::{
-    busybox_image, image_cli, layer_tar, store_contents, Compression, Entry, Image,
+    busybox_image, image_cli, layer_digests, layer_tar, store_contents, Compression, Entry, Image,
+    Registry,
 };
-use crate::common::{create_body, privileged, Daemon, NativeDirs};
+use crate::common::{create_body, privileged, Daemon, NativeDirs, TOKEN};
 
 const TAG: &str = "localhost/test/busybox:1";
 
@@ -224,4 +225,138 @@ fn hostile_layer_is_contained() {
         0,
         "a layer wrote outside its rootfs"
     );
+}
+
+/// The value of a `/metrics` sample (first line starting with `name`).
+async fn metric(d: &Daemon, name: &str) -> Option<f64> {
+    let (s, _, body) = d.call("GET", "/metrics", None, Some(TOKEN)).await;
+    assert_eq!(s, 200);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registry_pull_by_tag_and_digest_and_concurrent_creates_pull_once() {
+    if !privileged("registry_pull_by_tag_and_digest_and_concurrent_creates_pull_once") {
+        return;
+    }
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("bb");
+    busybox_image().write_oci_layout(&layout, "1");
+    let by_tag = reg.push(&layout, "1", "test/busybox");
+    let insecure = [("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str())];
+
+    // The CLI, by tag: the digest it prints is the manifest's.
+    let s1 = tempfile::tempdir().unwrap();
+    let (ok, out, err) = image_cli(s1.path(), &["pull", &by_tag], &insecure);
+    assert!(ok, "pull by tag: {err}");
+    let digest = out
+        .split_whitespace()
+        .find(|w| w.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("no digest in {out:?}"))
+        .to_string();
+    // Plain progress lines when stderr is not a terminal.
+    assert!(err.contains("verified"), "{err}");
+    // Without the insecure list the registry is spoken to over HTTPS (and fails).
+    let s0 = tempfile::tempdir().unwrap();
+    let (ok, _, err) = image_cli(s0.path(), &["pull", &by_tag], &[]);
+    assert!(!ok, "plain HTTP used without insecure_registries");
+    assert!(err.contains("pulling"), "{err}");
+    assert_eq!(store_contents(s0.path()), (0, 0, 0, 0));
+
+    // The daemon, by digest, as its default image, pulled in the
+    // background; two concurrent creates wait for the same one pull.
+    let by_digest = format!("{}/test/busybox@{digest}", reg.addr);
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(
+        &dirs,
+        &[
+            ("SANDBOX_IMAGE", by_digest.as_str()),
+            ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str()),
+            ("SANDBOXD_NETWORK", "none"),
+        ],
+    );
+    let (a, b) = tokio::join!(
+        d.create(create_body("reg-a", "t", "u1")),
+        d.create(create_body("reg-b", "t", "u2"))
+    );
+    assert_eq!(a.0, 200, "{}", a.1);
+    assert_eq!(b.0, 200, "{}", b.1);
+    assert_runs_the_image(&d, "reg-a").await;
+    assert_runs_the_image(&d, "reg-b").await;
+    assert_eq!(
+        metric(&d, "sandboxd_image_pulls{result=\"ok\"}").await,
+        Some(1.0),
+        "two creates pulled more than once"
+    );
+    assert!(metric(&d, "sandboxd_image_pull_bytes").await.unwrap_or(0.0) > 1e6);
+    for id in ["reg-a", "reg-b"] {
+        let (s, v) = d
+            .json("DELETE", &format!("/api/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+}
+
+#[test]
+fn registry_verification_failures_leave_nothing() {
+    if !privileged("registry_verification_failures_leave_nothing") {
+        return;
+    }
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let insecure = [("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str())];
+    let refused = |reference: &str, needle: &str| {
+        let state = tempfile::tempdir().unwrap();
+        let (ok, _, err) = image_cli(state.path(), &["pull", reference], &insecure);
+        assert!(!ok, "{reference}: a bad image was pulled ({needle})");
+        assert!(
+            err.contains(needle),
+            "{reference}: error lacks {needle:?}: {err}"
+        );
+        assert_eq!(
+            store_contents(state.path()),
+            (0, 0, 0, 0),
+            "{reference}: leftovers"
+        );
+    };
+
+    // A wrong diff_id in the config.
+    let mut bad = busybox_image();
+    bad.wrong_diff_id = Some(0);
+    let layout = work.path().join("bad");
+    bad.write_oci_layout(&layout, "1");
+    let r = reg.push(&layout, "1", "test/bad");
+    refused(&r, "rootfs.diff_ids[0]");
+
+    // A blob the registry serves tampered with (same size), then truncated.
+    let layout = work.path().join("good");
+    let manifest = busybox_image().write_oci_layout(&layout, "1");
+    let r = reg.push(&layout, "1", "test/good");
+    let layer = layer_digests(&layout, &manifest)[0].clone();
+    let data = reg.blob_data(&layer);
+    let orig = std::fs::read(&data).unwrap();
+    let mut b = orig.clone();
+    let mid = b.len() / 2;
+    b[mid] ^= 0xff;
+    std::fs::write(&data, &b).unwrap();
+    refused(&r, "digest mismatch");
+    std::fs::write(&data, &orig[..orig.len() / 2]).unwrap();
+    refused(&r, "size mismatch");
+    std::fs::write(&data, &orig).unwrap();
+
+    // A manifest asked for by a digest it does not have.
+    let wrong = format!("{}/test/good@sha256:{}", reg.addr, "0".repeat(64));
+    refused(&wrong, "pulling");
+    // A tag that does not exist.
+    refused(&format!("{}/test/good:nope", reg.addr), "pulling");
+
+    // Intact again: the same pull works.
+    let state = tempfile::tempdir().unwrap();
+    let (ok, _, err) = image_cli(state.path(), &["pull", &r], &insecure);
+    assert!(ok, "{err}");
 }

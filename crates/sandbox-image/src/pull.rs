@@ -328,7 +328,17 @@ async fn fetch_blob(
         .map_err(crate::store::io_err("create", &tmp))?;
     let mut h = Hasher::default();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| PullError::Registry(format!("{what} {d}: {e}")))?;
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                // oci-client checks the digest too, and reports a mismatch
+                // as a stream error after the last byte: say what is wrong
+                // in our words when our own check fails.
+                let (got, n) = std::mem::take(&mut h).finish();
+                crate::verify_blob(what, &d, Some(size), &got, n)?;
+                return Err(PullError::Registry(format!("{what} {d}: {e}")));
+            }
+        };
         if h.count() + chunk.len() as u64 > size {
             // More than the descriptor says: stop reading now.
             return Err(VerifyError::Size {

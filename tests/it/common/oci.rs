@@ -269,3 +269,116 @@ pub fn store_contents(state_dir: &Path) -> (usize, usize, usize, usize) {
         n(s.join("tmp")),
     )
 }
+
+/// A registry of the test's own: Debian's `docker-registry` (the CNCF
+/// distribution server) on a free loopback port, storing under a temp dir.
+pub struct Registry {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`
+    pub addr: String,
+    pub root: tempfile::TempDir,
+}
+
+impl Registry {
+    pub fn start() -> Registry {
+        let bin = which("docker-registry")
+            .expect("docker-registry is missing: apt-get install docker-registry (see .ci/run)");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let root = tempfile::tempdir().unwrap();
+        let config = root.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+                root.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(bin)
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "docker-registry did not listen on {addr}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Registry { child, addr, root }
+    }
+
+    /// Pushes the OCI layout `layout` (its image named `tag` in index.json)
+    /// to `repo:tag` with skopeo; returns the full reference.
+    pub fn push(&self, layout: &Path, tag: &str, repo: &str) -> String {
+        let skopeo =
+            which("skopeo").expect("skopeo is missing: apt-get install skopeo (see .ci/run)");
+        let dest = format!("{}/{repo}:{tag}", self.addr);
+        let out = std::process::Command::new(skopeo)
+            .args([
+                "--insecure-policy",
+                "copy",
+                "--dest-tls-verify=false",
+                "--quiet",
+            ])
+            .arg(format!("oci:{}:{tag}", layout.display()))
+            .arg(format!("docker://{dest}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "skopeo copy to {dest}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dest
+    }
+
+    /// The file the registry serves blob `digest` from.
+    pub fn blob_data(&self, digest: &str) -> PathBuf {
+        let hex = &digest[7..];
+        self.root
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The layer digests (as pushed) of the layout's manifest `manifest`.
+pub fn layer_digests(layout: &Path, manifest: &str) -> Vec<String> {
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(layout.join("blobs/sha256").join(&manifest[7..])).unwrap(),
+    )
+    .unwrap();
+    m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
