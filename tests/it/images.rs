@@ -10,7 +10,7 @@ use crate::common::oci::{
     busybox_image, image_cli, layer_digests, layer_tar, store_contents, Compression, Entry, Image,
     Registry,
 };
-use crate::common::{create_body, privileged, Daemon, NativeDirs, TOKEN};
+use crate::common::{create_body, privileged, require_failpoints, Daemon, NativeDirs, TOKEN};
 
 const TAG: &str = "localhost/test/busybox:1";
 
@@ -359,4 +359,173 @@ fn registry_verification_failures_leave_nothing() {
     let state = tempfile::tempdir().unwrap();
     let (ok, _, err) = image_cli(state.path(), &["pull", &r], &insecure);
     assert!(ok, "{err}");
+}
+
+/// Writes a config file allowing `allowed` in creates; returns its path.
+fn config_allowing(dir: &Path, allowed: &[&str]) -> String {
+    let p = dir.join("config.toml");
+    let list: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(&p, format!("[images]\nallowed = [{}]\n", list.join(", "))).unwrap();
+    p.to_string_lossy().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn create_image_field_allowed_identity_and_default_pull_wait() {
+    if !privileged("create_image_field_allowed_identity_and_default_pull_wait") {
+        return;
+    }
+    require_failpoints();
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("bb");
+    busybox_image().write_oci_layout(&layout, "1");
+    let default = reg.push(&layout, "1", "test/busybox");
+    let other = reg.push(&layout, "1", "test/other");
+    let config = config_allowing(work.path(), &[&other]);
+    let resume = work.path().join("resume");
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(
+        &dirs,
+        &[
+            ("SANDBOXD_CONFIG", config.as_str()),
+            ("SANDBOX_IMAGE", default.as_str()),
+            ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str()),
+            ("SANDBOXD_NETWORK", "none"),
+            ("SANDBOX_HEALTH_TIMEOUT_SECONDS", "3"),
+            // The default image's pull stops after its first blob until
+            // `resume` exists.
+            ("SANDBOXD_FAILPOINT", "image:after_blob"),
+            ("SANDBOXD_FAILPOINT_PAUSE", resume.to_str().unwrap()),
+        ],
+    );
+    // The default image is still being pulled: a create waits the health
+    // timeout, then 503.
+    let t = std::time::Instant::now();
+    let (s, v) = d.create(create_body("def", "t", "u1")).await;
+    assert_eq!(s, 503, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("still being pulled"),
+        "{v}"
+    );
+    assert!(t.elapsed() >= std::time::Duration::from_secs(3));
+    std::fs::write(&resume, b"").unwrap();
+    let (s, v) = d.create(create_body("def", "t", "u1")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_runs_the_image(&d, "def").await;
+
+    // The create field: only references of [images] allowed.
+    let mut body = create_body("x", "t", "u1");
+    body["image"] = serde_json::json!(format!("{}/test/busybox:2", reg.addr));
+    let (s, v) = d.create(body).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap_or("").contains("allowed"),
+        "{v}"
+    );
+    let mut body = create_body("x", "t", "u1");
+    body["image"] = serde_json::json!(other);
+    let (s, v) = d.create(body.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    assert_runs_the_image(&d, "x").await;
+    // The same create again reuses it; without the image it is another
+    // identity.
+    let (s, _) = d.create(body).await;
+    assert_eq!(s, 200);
+    let (s, v) = d.create(create_body("x", "t", "u1")).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap_or("").contains("identity"),
+        "{v}"
+    );
+    for id in ["def", "x"] {
+        let (s, v) = d
+            .json("DELETE", &format!("/api/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+
+    // A default image that cannot be pulled: a clear 503.
+    let dirs2 = NativeDirs::new();
+    let d2 = Daemon::start_native(
+        &dirs2,
+        &[
+            ("SANDBOX_IMAGE", "127.0.0.1:1/nothing/here:1"),
+            ("SANDBOXD_INSECURE_REGISTRIES", "127.0.0.1:1"),
+            ("SANDBOXD_NETWORK", "none"),
+        ],
+    );
+    let (s, v) = d2.create(create_body("none", "t", "u1")).await;
+    assert_eq!(s, 503, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("127.0.0.1:1/nothing/here:1"),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn daemon_killed_mid_pull_restarts_clean() {
+    if !privileged("daemon_killed_mid_pull_restarts_clean") {
+        return;
+    }
+    require_failpoints();
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("bb");
+    busybox_image().write_oci_layout(&layout, "1");
+    let image = reg.push(&layout, "1", "test/busybox");
+    let config = config_allowing(work.path(), &[&image]);
+    let dirs = NativeDirs::new();
+    let env = [
+        ("SANDBOXD_CONFIG", config.as_str()),
+        ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str()),
+        ("SANDBOXD_NETWORK", "none"),
+    ];
+    let mut armed = env.to_vec();
+    armed.push(("SANDBOXD_FAILPOINT", "image:after_blob"));
+    let mut d = Daemon::start_native(&dirs, &armed);
+    let mut body = create_body("k", "t", "u1");
+    body["image"] = serde_json::json!(image);
+    // The create's pull kills the daemon after its first verified blob.
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(d.url("/api/sandboxes"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(crate::common::full(body.to_string()))
+        .unwrap();
+    let client = d.client.clone();
+    let req = tokio::spawn(async move {
+        let _ = client.request(req).await;
+    });
+    let status = tokio::task::block_in_place(|| d.child.wait()).unwrap();
+    assert!(!status.success(), "the failpoint did not kill the daemon");
+    let _ = req.await;
+    let state = d.take_state_dir();
+    let (_, _, _, tmp) = store_contents(state.path());
+    assert!(
+        tmp > 0,
+        "the killed pull left nothing to clean up (failpoint too early?)"
+    );
+    assert_eq!(
+        store_contents(state.path()).2,
+        0,
+        "a record of a half-pulled image"
+    );
+
+    // Restarted: the leftovers go at once; the create pulls and runs.
+    let d = Daemon::start_native_in(&dirs, state, &env);
+    assert!(d.log_contains("removing what an interrupted pull or import left"));
+    assert_eq!(store_contents(d.state_dir.path()).3, 0);
+    let mut body = create_body("k", "t", "u1");
+    body["image"] = serde_json::json!(image);
+    let (s, v) = d.create(body).await;
+    assert_eq!(s, 200, "{v}");
+    assert_runs_the_image(&d, "k").await;
+    let (s, _) = d.json("DELETE", "/api/sandboxes/k", None).await;
+    assert_eq!(s, 200);
 }
