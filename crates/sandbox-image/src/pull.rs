@@ -367,3 +367,51 @@ async fn fetch_blob(
     crate::failpoint_hit("image:after_blob");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_from_docker_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.json");
+        // base64("alice:s3cret")
+        std::fs::write(
+            &p,
+            r#"{"auths": {
+                "https://index.docker.io/v1/": {"auth": "Ym9iOmh1bnRlcjI="},
+                "127.0.0.1:5000": {"auth": "YWxpY2U6czNjcmV0"},
+                "reg.example.com": {"username": "u", "password": "p"}
+            }}"#,
+        )
+        .unwrap();
+        let r = |s: &str| crate::reference::parse(s).unwrap();
+        let basic = |a: RegistryAuth| match a {
+            RegistryAuth::Basic(u, p) => format!("{u}:{p}"),
+            other => format!("{other:?}"),
+        };
+        assert_eq!(
+            basic(auth_for(&r("127.0.0.1:5000/t/x:1"), Some(&p)).unwrap()),
+            "alice:s3cret"
+        );
+        assert_eq!(
+            basic(auth_for(&r("busybox"), Some(&p)).unwrap()),
+            "bob:hunter2"
+        );
+        assert_eq!(
+            basic(auth_for(&r("reg.example.com/a:1"), Some(&p)).unwrap()),
+            "u:p"
+        );
+        assert!(matches!(
+            auth_for(&r("other.example.com/a:1"), Some(&p)).unwrap(),
+            RegistryAuth::Anonymous
+        ));
+        assert!(matches!(
+            auth_for(&r("a:1"), None).unwrap(),
+            RegistryAuth::Anonymous
+        ));
+        std::fs::write(&p, "not json").unwrap();
+        assert!(auth_for(&r("a:1"), Some(&p)).is_err());
+    }
+}
