@@ -306,3 +306,65 @@ fn sparse_content_is_written_with_holes() {
         md.blocks()
     );
 }
+
+#[test]
+fn mount_points_are_made_real_without_following_the_images_symlinks() {
+    use sandbox_image::unpack::ensure_mount_points;
+    let mut h = Host::new();
+    let outside = h.outside.to_str().unwrap().to_owned();
+    let layer = Tar::new()
+        .symlink("home", &outside)
+        .symlink("tmp", "/")
+        .dir("etc")
+        .symlink("etc/resolv.conf", format!("{outside}/sentinel"))
+        .dir("etc/hosts")
+        .file("etc/hosts/inner", b"x")
+        .symlink("dev", "../..")
+        .file("proc", b"not a dir")
+        .dir_mode("run", 0o700)
+        .file("run/keep", b"kept")
+        .done();
+    h.apply(&layer).unwrap();
+    ensure_mount_points(
+        std::os::fd::AsFd::as_fd(&h.root_fd),
+        &["/home/gem/user-data", "/tmp", "/dev/pts", "/proc", "/run"],
+        &["/etc/resolv.conf", "/etc/hosts"],
+    )
+    .unwrap();
+    for d in [
+        "home",
+        "home/gem",
+        "home/gem/user-data",
+        "tmp",
+        "dev",
+        "dev/pts",
+        "proc",
+        "run",
+    ] {
+        let md = fs::symlink_metadata(h.r(d)).unwrap();
+        assert!(md.is_dir(), "{d}");
+        // What a launcher joining paths on the host would reach is inside.
+        assert!(fs::canonicalize(h.r(d))
+            .unwrap()
+            .starts_with(fs::canonicalize(&h.root).unwrap()));
+    }
+    for f in ["etc/resolv.conf", "etc/hosts"] {
+        let md = fs::symlink_metadata(h.r(f)).unwrap();
+        assert!(md.is_file(), "{f}");
+        assert_eq!(md.len(), 0);
+    }
+    // Real directories are kept as they are.
+    assert_eq!(fs::read(h.r("run/keep")).unwrap(), b"kept");
+    assert_eq!(
+        fs::metadata(h.r("run")).unwrap().permissions().mode() & 0o7777,
+        0o700
+    );
+    h.assert_host_untouched();
+    assert!(sandbox_image::unpack::ensure_mount_points(
+        std::os::fd::AsFd::as_fd(&h.root_fd),
+        &["../x"],
+        &[]
+    )
+    .is_err());
+    h.assert_host_untouched();
+}

@@ -730,6 +730,89 @@ impl Unpacker<'_> {
     }
 }
 
+/// Makes each of `dirs` a real directory and each of `files` a real regular
+/// file inside the rootfs, with no symlink in any component: whatever the
+/// layers left on the way (`home -> /`, `etc/resolv.conf -> /etc/shadow`, a
+/// file where a directory is needed) is removed through fds, never followed,
+/// and replaced by a directory (0755) or an empty file (0644) owned by the
+/// unpacker. Existing real directories and files are kept as they are.
+///
+/// For the runtime's mount points, after the last layer: a launcher that
+/// joins them onto the rootfs path on the host (`rootfs.join(dest)`,
+/// `create_dir_all`, `mount`) follows no symlink of the image there. Names
+/// follow the layer rules (`/` prefix optional, `..` refused).
+pub fn ensure_mount_points(
+    root: BorrowedFd<'_>,
+    dirs: &[&str],
+    files: &[&str],
+) -> Result<(), UnpackError> {
+    for (path, is_file) in dirs
+        .iter()
+        .map(|p| (*p, false))
+        .chain(files.iter().map(|p| (*p, true)))
+    {
+        let comps = normalize(path.as_bytes(), path)?;
+        if comps.is_empty() {
+            if is_file {
+                return Err(hostile(path, "the rootfs itself cannot be a file"));
+            }
+            continue;
+        }
+        let mut cur = open_in_root(root, b"", OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(|e| io_err("open rootfs", path, e))?;
+        for (i, comp) in comps.iter().enumerate() {
+            let last = i + 1 == comps.len();
+            let name = cstring(comp);
+            let st = lstat_at(cur.as_fd(), &name).map_err(|e| io_err("stat", path, e))?;
+            let ft = st.as_ref().map(|st| FileType::from_raw_mode(st.st_mode));
+            let want = if last && is_file {
+                FileType::RegularFile
+            } else {
+                FileType::Directory
+            };
+            if ft != Some(want) {
+                if let Some(st) = &st {
+                    tracing::info!(path, "rootfs: mount point path replaced");
+                    remove_entry(cur.as_fd(), &name, st)
+                        .map_err(|e| io_err("replace mount point path", path, e))?;
+                }
+                if want == FileType::Directory {
+                    mkdirat(&cur, &name, Mode::from_raw_mode(0o700))
+                        .map_err(|e| io_err("mkdir mount point", path, e.into()))?;
+                    let d = open_subdir(cur.as_fd(), &name)
+                        .map_err(|e| io_err("open mount point", path, e))?;
+                    fchmod(&d, Mode::from_raw_mode(0o755))
+                        .map_err(|e| io_err("chmod mount point", path, e.into()))?;
+                } else {
+                    let f = openat(
+                        &cur,
+                        &name,
+                        OFlags::WRONLY
+                            | OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o644),
+                    )
+                    .map_err(|e| io_err("create mount point", path, e.into()))?;
+                    fchmod(&f, Mode::from_raw_mode(0o644))
+                        .map_err(|e| io_err("chmod mount point", path, e.into()))?;
+                }
+            }
+            if !last {
+                cur = openat(
+                    &cur,
+                    &name,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| io_err("open mount point path", path, e.into()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn times(mtime: i64) -> Timestamps {
     let t = Timespec {
         tv_sec: mtime,
