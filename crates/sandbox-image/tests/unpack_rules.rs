@@ -368,3 +368,28 @@ fn mount_points_are_made_real_without_following_the_images_symlinks() {
     .is_err());
     h.assert_host_untouched();
 }
+
+#[test]
+fn opaque_and_whiteout_keep_entries_under_implied_directories_of_the_layer() {
+    // The layer lists `d/sub/new` but not `d/` or `d/sub/`: those are its
+    // directories all the same, so the opaque marker keeps them.
+    let mut h = Host::new();
+    h.apply(
+        &Tar::new()
+            .file("d/sub/lower", b"l")
+            .file("d/gone", b"g")
+            .file("x/lower", b"l")
+            .done(),
+    )
+    .unwrap();
+    h.apply(
+        &Tar::new()
+            .file("d/sub/new", b"n")
+            .file("d/.wh..wh..opq", b"")
+            .file("x/new", b"n")
+            .file(".wh.x", b"")
+            .done(),
+    )
+    .unwrap();
+    assert_eq!(tree(&h.root), ["d", "d/sub", "d/sub/new", "x", "x/new"]);
+}

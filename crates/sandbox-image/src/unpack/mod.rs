@@ -177,6 +177,7 @@ pub fn apply_layer<R: Read>(
         stats: LayerStats::default(),
         created: HashSet::new(),
         dir_times: Vec::new(),
+        marked: HashSet::new(),
         buf: vec![0u8; COPY_BUF],
     };
     let mut stream = Stream::new(layer);
@@ -305,6 +306,9 @@ struct Unpacker<'r> {
     /// Directory mtimes, set at the end of the layer (creating children
     /// would change them).
     dir_times: Vec<(Vec<u8>, i64)>,
+    /// Parent paths whose directories are already in `created` (cleared
+    /// whenever something is removed: a path may then mean another inode).
+    marked: HashSet<Vec<u8>>,
     buf: Vec<u8>,
 }
 
@@ -477,10 +481,36 @@ impl Unpacker<'_> {
             return Err(hostile(shown, "names the rootfs itself"));
         };
         let parent = self.parent(comps, true, shown)?.expect("created");
+        self.mark_ancestors(&comps[..comps.len() - 1], shown)?;
         let pst = fstat(&parent).map_err(|e| io_err("stat parent of", shown, e.into()))?;
         let name = cstring(last);
         let existing = lstat_at(parent.as_fd(), &name).map_err(|e| io_err("stat", shown, e))?;
         Ok((parent, name, pst, existing))
+    }
+
+    /// Records the directories on the way to an entry as written by this
+    /// layer (a layer listing `d/sub/f` has `d/sub` as a directory even if
+    /// it omits the entry), so a later opaque marker in `d` keeps `d/sub`
+    /// and `d/sub/f` and removes only lower-layer entries below.
+    fn mark_ancestors(&mut self, dirs: &[&[u8]], shown: &str) -> Result<(), UnpackError> {
+        if dirs.is_empty() {
+            return Ok(());
+        }
+        let path = dirs.join(&b'/');
+        if self.marked.contains(&path) {
+            return Ok(());
+        }
+        let flags = OFlags::PATH | OFlags::DIRECTORY;
+        let mut cur =
+            open_in_root(self.root, b"", flags).map_err(|e| io_err("open rootfs", shown, e))?;
+        for i in 0..dirs.len() {
+            let st = fstat(&cur).map_err(|e| io_err("stat parent of", shown, e.into()))?;
+            self.created.insert(key(&st, dirs[i]));
+            cur = open_in_root(self.root, &dirs[..=i].join(&b'/'), flags)
+                .map_err(|e| io_err("resolve parent directory of", shown, e))?;
+        }
+        self.marked.insert(path);
+        Ok(())
     }
 
     fn owner(&self, meta: &EntryMeta) -> Option<(Uid, Gid)> {
@@ -517,6 +547,7 @@ impl Unpacker<'_> {
                 Some(st) if is_dir(&st) => {}
                 other => {
                     if let Some(st) = other {
+                        self.marked.clear();
                         remove_entry(parent.as_fd(), &name, &st)
                             .map_err(|e| io_err("replace", shown, e))?;
                     }
@@ -545,6 +576,7 @@ impl Unpacker<'_> {
     ) -> Result<(), UnpackError> {
         let (parent, name, pst, existing) = self.slot(comps, shown)?;
         if let Some(st) = existing {
+            self.marked.clear();
             remove_entry(parent.as_fd(), &name, &st).map_err(|e| io_err("replace", shown, e))?;
         }
         // O_CREAT|O_EXCL never follows a symlink and never opens an existing
@@ -583,6 +615,7 @@ impl Unpacker<'_> {
         }
         let (parent, name, pst, existing) = self.slot(comps, shown)?;
         if let Some(st) = existing {
+            self.marked.clear();
             remove_entry(parent.as_fd(), &name, &st).map_err(|e| io_err("replace", shown, e))?;
         }
         // The target is stored verbatim: it is data, resolved later inside
@@ -647,6 +680,7 @@ impl Unpacker<'_> {
                 self.created.insert(key(&pst, comps[comps.len() - 1]));
                 return Ok(());
             }
+            self.marked.clear();
             remove_entry(parent.as_fd(), &name, &st).map_err(|e| io_err("replace", shown, e))?;
         }
         link_fd(target.as_fd(), parent.as_fd(), &name).map_err(|e| io_err("link", shown, e))?;
@@ -657,6 +691,7 @@ impl Unpacker<'_> {
     fn whiteout(&mut self, comps: &[&[u8]], shown: &str) -> Result<(), UnpackError> {
         let last = comps[comps.len() - 1];
         self.stats.whiteouts += 1;
+        self.marked.clear();
         if last == OPAQUE_MARKER {
             // The directory holding the marker loses everything lower layers
             // put there; what this layer wrote (before or after the marker)
