@@ -393,3 +393,33 @@ fn opaque_and_whiteout_keep_entries_under_implied_directories_of_the_layer() {
     .unwrap();
     assert_eq!(tree(&h.root), ["d", "d/sub", "d/sub/new", "x", "x/new"]);
 }
+
+#[test]
+fn repeated_whiteouts_do_not_rewalk_the_tree() {
+    // 20,000 files this layer wrote under a lower directory, then 20,000
+    // opaque markers and whiteouts of it: each marker re-walking the tree
+    // would be 4·10⁸ steps; the pruned-directory memo makes it ~linear.
+    let mut h = Host::new();
+    let mut lower = Tar::new();
+    for i in 0..20 {
+        lower.file(format!("d/sub{i}/lower"), b"l");
+    }
+    h.apply(&lower.done()).unwrap();
+    let mut t = Tar::new();
+    for i in 0..20 {
+        for j in 0..1000 {
+            t.file(format!("d/sub{i}/f{j}"), b"");
+        }
+    }
+    for i in 0..10_000 {
+        t.file("d/.wh..wh..opq", b"");
+        t.file(format!("d/.wh.sub{}", i % 20), b"");
+    }
+    let started = std::time::Instant::now();
+    let stats = h.apply(&t.done()).unwrap();
+    assert_eq!(stats.whiteouts, 20_000);
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "{:?}", started.elapsed());
+    assert!(!h.r("d/sub3/lower").exists());
+    assert!(h.r("d/sub3/f999").exists());
+    assert_eq!(tree(&h.root).len(), 1 + 20 + 20_000);
+}

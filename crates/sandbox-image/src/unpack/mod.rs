@@ -39,12 +39,14 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{
     chownat, fchmod, fchown, fstat, futimens, linkat, mkdirat, openat, readlinkat, symlinkat,
-    utimensat, AtFlags, FileType, Gid, Mode, OFlags, Stat, Timespec, Timestamps, Uid,
+    unlinkat, utimensat, AtFlags, FileType, Gid, Mode, OFlags, Stat, Timespec, Timestamps, Uid,
 };
 use rustix::io::Errno;
 use tar::EntryType;
 
-use fsops::{is_dir, key, lstat_at, open_in_root, open_subdir, prune, remove_entry, EntryKey};
+use fsops::{
+    is_dir, key, lstat_at, open_in_root, open_subdir, prune, remove_entry, EntryKey, Keep,
+};
 use tar_stream::{next_member, padding, EntryMeta, Member, Stream};
 
 /// What to do with device nodes and FIFOs in a layer.
@@ -177,7 +179,7 @@ pub fn apply_layer<R: Read>(
         stats: LayerStats::default(),
         created: HashSet::new(),
         dir_times: Vec::new(),
-        marked: HashSet::new(),
+        clean: HashSet::new(),
         buf: vec![0u8; COPY_BUF],
     };
     let mut stream = Stream::new(layer);
@@ -306,9 +308,8 @@ struct Unpacker<'r> {
     /// Directory mtimes, set at the end of the layer (creating children
     /// would change them).
     dir_times: Vec<(Vec<u8>, i64)>,
-    /// Parent paths whose directories are already in `created` (cleared
-    /// whenever something is removed: a path may then mean another inode).
-    marked: HashSet<Vec<u8>>,
+    /// Directories already pruned by a whiteout in this layer.
+    clean: HashSet<(u64, u64)>,
     buf: Vec<u8>,
 }
 
@@ -481,36 +482,10 @@ impl Unpacker<'_> {
             return Err(hostile(shown, "names the rootfs itself"));
         };
         let parent = self.parent(comps, true, shown)?.expect("created");
-        self.mark_ancestors(&comps[..comps.len() - 1], shown)?;
         let pst = fstat(&parent).map_err(|e| io_err("stat parent of", shown, e.into()))?;
         let name = cstring(last);
         let existing = lstat_at(parent.as_fd(), &name).map_err(|e| io_err("stat", shown, e))?;
         Ok((parent, name, pst, existing))
-    }
-
-    /// Records the directories on the way to an entry as written by this
-    /// layer (a layer listing `d/sub/f` has `d/sub` as a directory even if
-    /// it omits the entry), so a later opaque marker in `d` keeps `d/sub`
-    /// and `d/sub/f` and removes only lower-layer entries below.
-    fn mark_ancestors(&mut self, dirs: &[&[u8]], shown: &str) -> Result<(), UnpackError> {
-        if dirs.is_empty() {
-            return Ok(());
-        }
-        let path = dirs.join(&b'/');
-        if self.marked.contains(&path) {
-            return Ok(());
-        }
-        let flags = OFlags::PATH | OFlags::DIRECTORY;
-        let mut cur =
-            open_in_root(self.root, b"", flags).map_err(|e| io_err("open rootfs", shown, e))?;
-        for i in 0..dirs.len() {
-            let st = fstat(&cur).map_err(|e| io_err("stat parent of", shown, e.into()))?;
-            self.created.insert(key(&st, dirs[i]));
-            cur = open_in_root(self.root, &dirs[..=i].join(&b'/'), flags)
-                .map_err(|e| io_err("resolve parent directory of", shown, e))?;
-        }
-        self.marked.insert(path);
-        Ok(())
     }
 
     fn owner(&self, meta: &EntryMeta) -> Option<(Uid, Gid)> {
@@ -547,7 +522,6 @@ impl Unpacker<'_> {
                 Some(st) if is_dir(&st) => {}
                 other => {
                     if let Some(st) = other {
-                        self.marked.clear();
                         remove_entry(parent.as_fd(), &name, &st)
                             .map_err(|e| io_err("replace", shown, e))?;
                     }
@@ -576,7 +550,6 @@ impl Unpacker<'_> {
     ) -> Result<(), UnpackError> {
         let (parent, name, pst, existing) = self.slot(comps, shown)?;
         if let Some(st) = existing {
-            self.marked.clear();
             remove_entry(parent.as_fd(), &name, &st).map_err(|e| io_err("replace", shown, e))?;
         }
         // O_CREAT|O_EXCL never follows a symlink and never opens an existing
@@ -615,7 +588,6 @@ impl Unpacker<'_> {
         }
         let (parent, name, pst, existing) = self.slot(comps, shown)?;
         if let Some(st) = existing {
-            self.marked.clear();
             remove_entry(parent.as_fd(), &name, &st).map_err(|e| io_err("replace", shown, e))?;
         }
         // The target is stored verbatim: it is data, resolved later inside
@@ -680,7 +652,6 @@ impl Unpacker<'_> {
                 self.created.insert(key(&pst, comps[comps.len() - 1]));
                 return Ok(());
             }
-            self.marked.clear();
             remove_entry(parent.as_fd(), &name, &st).map_err(|e| io_err("replace", shown, e))?;
         }
         link_fd(target.as_fd(), parent.as_fd(), &name).map_err(|e| io_err("link", shown, e))?;
@@ -691,7 +662,6 @@ impl Unpacker<'_> {
     fn whiteout(&mut self, comps: &[&[u8]], shown: &str) -> Result<(), UnpackError> {
         let last = comps[comps.len() - 1];
         self.stats.whiteouts += 1;
-        self.marked.clear();
         if last == OPAQUE_MARKER {
             // The directory holding the marker loses everything lower layers
             // put there; what this layer wrote (before or after the marker)
@@ -712,8 +682,13 @@ impl Unpacker<'_> {
                 }
                 Err(e) => return Err(io_err("open opaque directory", shown, e)),
             };
-            let keep = |k: &EntryKey| self.created.contains(k);
-            return prune(dir, &keep).map_err(|e| io_err("apply opaque whiteout", shown, e));
+            let mut keep = Keep {
+                created: &self.created,
+                clean: &mut self.clean,
+            };
+            return prune(dir, Some(&mut keep))
+                .map(drop)
+                .map_err(|e| io_err("apply opaque whiteout", shown, e));
         }
         let victim = &last[WHITEOUT_PREFIX.len()..];
         if victim.is_empty() || victim == b"." || victim == b".." {
@@ -724,7 +699,7 @@ impl Unpacker<'_> {
             tracing::warn!(path = ?shown, "layer: unknown whiteout metadata skipped");
             self.stats
                 .skipped
-                .push(format!("{shown}: whiteout metadata skipped"));
+                .push(format!("{shown:?}: whiteout metadata skipped"));
             return Ok(());
         }
         let Some(parent) = self.parent(comps, false, shown)? else {
@@ -736,16 +711,29 @@ impl Unpacker<'_> {
         else {
             return Ok(());
         };
-        let keep = |k: &EntryKey| self.created.contains(k);
-        let result = if keep(&key(&pst, victim)) {
-            // Written by this layer: stays; below it, lower-layer entries go.
-            if is_dir(&st) {
-                open_subdir(parent.as_fd(), &name).and_then(|d| prune(d, &keep))
-            } else {
+        // Written by this layer: stays, losing what lower layers left below
+        // it. Otherwise it goes, unless the layer wrote something below it.
+        let protected = self.created.contains(&key(&pst, victim));
+        let mut keep = Keep {
+            created: &self.created,
+            clean: &mut self.clean,
+        };
+        let result = if !is_dir(&st) {
+            if protected {
                 Ok(())
+            } else {
+                unlinkat(&parent, &name, AtFlags::empty()).map_err(io::Error::from)
             }
         } else {
-            remove_entry(parent.as_fd(), &name, &st)
+            open_subdir(parent.as_fd(), &name)
+                .and_then(|d| prune(d, Some(&mut keep)))
+                .and_then(|left| {
+                    if protected || left {
+                        Ok(())
+                    } else {
+                        unlinkat(&parent, &name, AtFlags::REMOVEDIR).map_err(io::Error::from)
+                    }
+                })
         };
         result.map_err(|e| io_err("apply whiteout", shown, e))
     }
