@@ -306,3 +306,120 @@ fn sparse_content_is_written_with_holes() {
         md.blocks()
     );
 }
+
+#[test]
+fn mount_points_are_made_real_without_following_the_images_symlinks() {
+    use sandbox_image::unpack::ensure_mount_points;
+    let mut h = Host::new();
+    let outside = h.outside.to_str().unwrap().to_owned();
+    let layer = Tar::new()
+        .symlink("home", &outside)
+        .symlink("tmp", "/")
+        .dir("etc")
+        .symlink("etc/resolv.conf", format!("{outside}/sentinel"))
+        .dir("etc/hosts")
+        .file("etc/hosts/inner", b"x")
+        .symlink("dev", "../..")
+        .file("proc", b"not a dir")
+        .dir_mode("run", 0o700)
+        .file("run/keep", b"kept")
+        .done();
+    h.apply(&layer).unwrap();
+    ensure_mount_points(
+        std::os::fd::AsFd::as_fd(&h.root_fd),
+        &["/home/gem/user-data", "/tmp", "/dev/pts", "/proc", "/run"],
+        &["/etc/resolv.conf", "/etc/hosts"],
+    )
+    .unwrap();
+    for d in [
+        "home",
+        "home/gem",
+        "home/gem/user-data",
+        "tmp",
+        "dev",
+        "dev/pts",
+        "proc",
+        "run",
+    ] {
+        let md = fs::symlink_metadata(h.r(d)).unwrap();
+        assert!(md.is_dir(), "{d}");
+        // What a launcher joining paths on the host would reach is inside.
+        assert!(fs::canonicalize(h.r(d))
+            .unwrap()
+            .starts_with(fs::canonicalize(&h.root).unwrap()));
+    }
+    for f in ["etc/resolv.conf", "etc/hosts"] {
+        let md = fs::symlink_metadata(h.r(f)).unwrap();
+        assert!(md.is_file(), "{f}");
+        assert_eq!(md.len(), 0);
+    }
+    // Real directories are kept as they are.
+    assert_eq!(fs::read(h.r("run/keep")).unwrap(), b"kept");
+    assert_eq!(
+        fs::metadata(h.r("run")).unwrap().permissions().mode() & 0o7777,
+        0o700
+    );
+    h.assert_host_untouched();
+    assert!(sandbox_image::unpack::ensure_mount_points(
+        std::os::fd::AsFd::as_fd(&h.root_fd),
+        &["../x"],
+        &[]
+    )
+    .is_err());
+    h.assert_host_untouched();
+}
+
+#[test]
+fn opaque_and_whiteout_keep_entries_under_implied_directories_of_the_layer() {
+    // The layer lists `d/sub/new` but not `d/` or `d/sub/`: those are its
+    // directories all the same, so the opaque marker keeps them.
+    let mut h = Host::new();
+    h.apply(
+        &Tar::new()
+            .file("d/sub/lower", b"l")
+            .file("d/gone", b"g")
+            .file("x/lower", b"l")
+            .done(),
+    )
+    .unwrap();
+    h.apply(
+        &Tar::new()
+            .file("d/sub/new", b"n")
+            .file("d/.wh..wh..opq", b"")
+            .file("x/new", b"n")
+            .file(".wh.x", b"")
+            .done(),
+    )
+    .unwrap();
+    assert_eq!(tree(&h.root), ["d", "d/sub", "d/sub/new", "x", "x/new"]);
+}
+
+#[test]
+fn repeated_whiteouts_do_not_rewalk_the_tree() {
+    // 20,000 files this layer wrote under a lower directory, then 20,000
+    // opaque markers and whiteouts of it: each marker re-walking the tree
+    // would be 4·10⁸ steps; the pruned-directory memo makes it ~linear.
+    let mut h = Host::new();
+    let mut lower = Tar::new();
+    for i in 0..20 {
+        lower.file(format!("d/sub{i}/lower"), b"l");
+    }
+    h.apply(&lower.done()).unwrap();
+    let mut t = Tar::new();
+    for i in 0..20 {
+        for j in 0..1000 {
+            t.file(format!("d/sub{i}/f{j}"), b"");
+        }
+    }
+    for i in 0..10_000 {
+        t.file("d/.wh..wh..opq", b"");
+        t.file(format!("d/.wh.sub{}", i % 20), b"");
+    }
+    let started = std::time::Instant::now();
+    let stats = h.apply(&t.done()).unwrap();
+    assert_eq!(stats.whiteouts, 20_000);
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "{:?}", started.elapsed());
+    assert!(!h.r("d/sub3/lower").exists());
+    assert!(h.r("d/sub3/f999").exists());
+    assert_eq!(tree(&h.root).len(), 1 + 20 + 20_000);
+}

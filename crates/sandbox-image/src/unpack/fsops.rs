@@ -8,6 +8,7 @@
 //! name that never follow it (`O_NOFOLLOW`, `O_EXCL`, `AT_SYMLINK_NOFOLLOW`,
 //! `unlinkat`, `mkdirat`, `symlinkat`).
 
+use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -86,7 +87,7 @@ pub(crate) fn dev_ino(st: &Stat) -> (u64, u64) {
 pub(crate) fn remove_entry(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> io::Result<()> {
     if is_dir(st) {
         let sub = open_subdir(dir, name)?;
-        prune(sub, &|_| false)?;
+        prune(sub, None)?;
         unlinkat(dir, name, AtFlags::REMOVEDIR)?;
     } else {
         unlinkat(dir, name, AtFlags::empty())?;
@@ -94,67 +95,105 @@ pub(crate) fn remove_entry(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> io::R
     Ok(())
 }
 
+/// What a whiteout spares: the entries the layer being applied wrote.
+pub(crate) struct Keep<'a> {
+    /// Entries written by the layer (directory dev/inode + name).
+    pub created: &'a HashSet<EntryKey>,
+    /// Directories already pruned in this layer: nothing of a lower layer is
+    /// left below them (only the layer writes while it is applied), so they
+    /// are not walked again — whiteouts cost O(tree) per layer, not per
+    /// marker.
+    pub clean: &'a mut HashSet<(u64, u64)>,
+}
+
 struct Level {
     /// Name of this directory in its parent (unused for the start level).
     name: CString,
+    id: (u64, u64),
     /// Device/inode of the parent, to check `..` when climbing back.
     parent: (u64, u64),
-    /// Subdirectories still to visit: (name, remove it whole?).
+    /// Subdirectories still to visit: (name, written by the layer?).
     pending: Vec<(CString, bool)>,
-    /// Remove this directory once emptied.
-    remove_self: bool,
+    /// Written by the layer: stays even when empty.
+    protected: bool,
+    /// Entries that stay in it.
+    kept: u64,
 }
 
-/// Removes every entry below the directory `start` that `keep` does not
-/// protect. A protected directory is descended into (its unprotected
-/// entries go); an unprotected one is removed whole; a protected
-/// non-directory stays. `start` itself stays.
+/// Removes what lies below the directory `start`: everything with `keep`
+/// `None`; otherwise everything the layer did not write — a directory stays
+/// if the layer wrote it or wrote something below it (a layer listing
+/// `d/sub/f` has `d/sub` even if it omits its entry), losing the rest.
+/// `start` itself stays; returns whether anything is left in it.
 ///
 /// Never follows a symlink (entries are inspected with `d_type`/`lstat` and
 /// unlinked), never leaves the device of `start`, and holds O(1) fds however
 /// deep the tree: it climbs back with `..`, checking the parent's inode. The
 /// tree must not be modified concurrently (the rootfs being built is private
 /// to the unpacker).
-pub(crate) fn prune(start: OwnedFd, keep: &dyn Fn(&EntryKey) -> bool) -> io::Result<()> {
+pub(crate) fn prune(start: OwnedFd, mut keep: Option<&mut Keep<'_>>) -> io::Result<bool> {
     let st = fstat(&start)?;
-    let dev = dev_ino(&st).0;
+    let (dev, _) = dev_ino(&st);
+    if let Some(k) = &keep {
+        if k.clean.contains(&dev_ino(&st)) {
+            return Ok(true);
+        }
+    }
+    let created = keep.as_ref().map(|k| k.created);
+    let (pending, kept) = scan(start.as_fd(), &st, created)?;
     let mut cur = start;
     let mut stack = vec![Level {
         name: CString::default(),
+        id: dev_ino(&st),
         parent: (0, 0),
-        pending: scan(cur.as_fd(), &st, false, keep)?,
-        remove_self: false,
+        pending,
+        protected: true,
+        kept,
     }];
     loop {
         let top = stack.last_mut().expect("stack never empty in the loop");
-        if let Some((name, whole)) = top.pending.pop() {
-            let here = fstat(&cur)?;
+        if let Some((name, protected)) = top.pending.pop() {
             let child = open_subdir(cur.as_fd(), &name)?;
             let cst = fstat(&child)?;
-            if dev_ino(&cst).0 != dev {
+            let id = dev_ino(&cst);
+            if id.0 != dev {
                 return Err(Errno::XDEV.into());
             }
-            let pending = scan(child.as_fd(), &cst, whole, keep)?;
+            if keep.as_ref().is_some_and(|k| k.clean.contains(&id)) {
+                top.kept += 1;
+                continue;
+            }
+            let here = top.id;
+            let (pending, kept) = scan(child.as_fd(), &cst, created)?;
             stack.push(Level {
                 name,
-                parent: dev_ino(&here),
+                id,
+                parent: here,
                 pending,
-                remove_self: whole,
+                protected,
+                kept,
             });
             cur = child;
         } else {
             let done = stack.pop().expect("stack never empty in the loop");
-            if stack.is_empty() {
-                return Ok(());
+            let stays = done.protected || done.kept > 0;
+            if stays {
+                if let Some(k) = keep.as_mut() {
+                    k.clean.insert(done.id);
+                }
             }
+            let Some(parent) = stack.last_mut() else {
+                return Ok(done.kept > 0);
+            };
             let up = open_subdir(cur.as_fd(), c"..")?;
-            let ust = fstat(&up)?;
-            if dev_ino(&ust) != done.parent {
+            if dev_ino(&fstat(&up)?) != done.parent {
                 return Err(io::Error::other(
                     "directory moved while being removed (rootfs modified concurrently)",
                 ));
             }
-            if done.remove_self {
+            if stays {
+                parent.kept += 1;
+            } else {
                 unlinkat(&up, &done.name, AtFlags::REMOVEDIR)?;
             }
             cur = up;
@@ -162,14 +201,13 @@ pub(crate) fn prune(start: OwnedFd, keep: &dyn Fn(&EntryKey) -> bool) -> io::Res
     }
 }
 
-/// One directory of [`prune`]: unlinks its unprotected non-directories and
-/// returns the subdirectories to visit.
+/// One directory of [`prune`]: unlinks the non-directories the layer did
+/// not write; returns the subdirectories to visit and how many entries stay.
 fn scan(
     dir: BorrowedFd<'_>,
     st: &Stat,
-    whole: bool,
-    keep: &dyn Fn(&EntryKey) -> bool,
-) -> io::Result<Vec<(CString, bool)>> {
+    created: Option<&HashSet<EntryKey>>,
+) -> io::Result<(Vec<(CString, bool)>, u64)> {
     let mut names = Vec::new();
     for e in Dir::read_from(dir)? {
         let e = e?;
@@ -180,6 +218,7 @@ fn scan(
         names.push((name.to_owned(), e.file_type()));
     }
     let mut subdirs = Vec::new();
+    let mut kept = 0;
     for (name, mut ft) in names {
         if ft == FileType::Unknown {
             match lstat_at(dir, &name)? {
@@ -187,12 +226,14 @@ fn scan(
                 None => continue,
             }
         }
-        let protected = !whole && keep(&key(st, name.as_bytes()));
+        let protected = created.is_some_and(|c| c.contains(&key(st, name.as_bytes())));
         if ft == FileType::Directory {
-            subdirs.push((name, !protected));
-        } else if !protected {
+            subdirs.push((name, protected));
+        } else if protected {
+            kept += 1;
+        } else {
             unlinkat(dir, &name, AtFlags::empty())?;
         }
     }
-    Ok(subdirs)
+    Ok((subdirs, kept))
 }

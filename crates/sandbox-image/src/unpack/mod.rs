@@ -39,12 +39,14 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{
     chownat, fchmod, fchown, fstat, futimens, linkat, mkdirat, openat, readlinkat, symlinkat,
-    utimensat, AtFlags, FileType, Gid, Mode, OFlags, Stat, Timespec, Timestamps, Uid,
+    unlinkat, utimensat, AtFlags, FileType, Gid, Mode, OFlags, Stat, Timespec, Timestamps, Uid,
 };
 use rustix::io::Errno;
 use tar::EntryType;
 
-use fsops::{is_dir, key, lstat_at, open_in_root, open_subdir, prune, remove_entry, EntryKey};
+use fsops::{
+    is_dir, key, lstat_at, open_in_root, open_subdir, prune, remove_entry, EntryKey, Keep,
+};
 use tar_stream::{next_member, padding, EntryMeta, Member, Stream};
 
 /// What to do with device nodes and FIFOs in a layer.
@@ -177,6 +179,7 @@ pub fn apply_layer<R: Read>(
         stats: LayerStats::default(),
         created: HashSet::new(),
         dir_times: Vec::new(),
+        clean: HashSet::new(),
         buf: vec![0u8; COPY_BUF],
     };
     let mut stream = Stream::new(layer);
@@ -305,6 +308,8 @@ struct Unpacker<'r> {
     /// Directory mtimes, set at the end of the layer (creating children
     /// would change them).
     dir_times: Vec<(Vec<u8>, i64)>,
+    /// Directories already pruned by a whiteout in this layer.
+    clean: HashSet<(u64, u64)>,
     buf: Vec<u8>,
 }
 
@@ -677,8 +682,13 @@ impl Unpacker<'_> {
                 }
                 Err(e) => return Err(io_err("open opaque directory", shown, e)),
             };
-            let keep = |k: &EntryKey| self.created.contains(k);
-            return prune(dir, &keep).map_err(|e| io_err("apply opaque whiteout", shown, e));
+            let mut keep = Keep {
+                created: &self.created,
+                clean: &mut self.clean,
+            };
+            return prune(dir, Some(&mut keep))
+                .map(drop)
+                .map_err(|e| io_err("apply opaque whiteout", shown, e));
         }
         let victim = &last[WHITEOUT_PREFIX.len()..];
         if victim.is_empty() || victim == b"." || victim == b".." {
@@ -689,7 +699,7 @@ impl Unpacker<'_> {
             tracing::warn!(path = ?shown, "layer: unknown whiteout metadata skipped");
             self.stats
                 .skipped
-                .push(format!("{shown}: whiteout metadata skipped"));
+                .push(format!("{shown:?}: whiteout metadata skipped"));
             return Ok(());
         }
         let Some(parent) = self.parent(comps, false, shown)? else {
@@ -701,16 +711,29 @@ impl Unpacker<'_> {
         else {
             return Ok(());
         };
-        let keep = |k: &EntryKey| self.created.contains(k);
-        let result = if keep(&key(&pst, victim)) {
-            // Written by this layer: stays; below it, lower-layer entries go.
-            if is_dir(&st) {
-                open_subdir(parent.as_fd(), &name).and_then(|d| prune(d, &keep))
-            } else {
+        // Written by this layer: stays, losing what lower layers left below
+        // it. Otherwise it goes, unless the layer wrote something below it.
+        let protected = self.created.contains(&key(&pst, victim));
+        let mut keep = Keep {
+            created: &self.created,
+            clean: &mut self.clean,
+        };
+        let result = if !is_dir(&st) {
+            if protected {
                 Ok(())
+            } else {
+                unlinkat(&parent, &name, AtFlags::empty()).map_err(io::Error::from)
             }
         } else {
-            remove_entry(parent.as_fd(), &name, &st)
+            open_subdir(parent.as_fd(), &name)
+                .and_then(|d| prune(d, Some(&mut keep)))
+                .and_then(|left| {
+                    if protected || left {
+                        Ok(())
+                    } else {
+                        unlinkat(&parent, &name, AtFlags::REMOVEDIR).map_err(io::Error::from)
+                    }
+                })
         };
         result.map_err(|e| io_err("apply whiteout", shown, e))
     }
@@ -728,6 +751,89 @@ impl Unpacker<'_> {
             }
         }
     }
+}
+
+/// Makes each of `dirs` a real directory and each of `files` a real regular
+/// file inside the rootfs, with no symlink in any component: whatever the
+/// layers left on the way (`home -> /`, `etc/resolv.conf -> /etc/shadow`, a
+/// file where a directory is needed) is removed through fds, never followed,
+/// and replaced by a directory (0755) or an empty file (0644) owned by the
+/// unpacker. Existing real directories and files are kept as they are.
+///
+/// For the runtime's mount points, after the last layer: a launcher that
+/// joins them onto the rootfs path on the host (`rootfs.join(dest)`,
+/// `create_dir_all`, `mount`) follows no symlink of the image there. Names
+/// follow the layer rules (`/` prefix optional, `..` refused).
+pub fn ensure_mount_points(
+    root: BorrowedFd<'_>,
+    dirs: &[&str],
+    files: &[&str],
+) -> Result<(), UnpackError> {
+    for (path, is_file) in dirs
+        .iter()
+        .map(|p| (*p, false))
+        .chain(files.iter().map(|p| (*p, true)))
+    {
+        let comps = normalize(path.as_bytes(), path)?;
+        if comps.is_empty() {
+            if is_file {
+                return Err(hostile(path, "the rootfs itself cannot be a file"));
+            }
+            continue;
+        }
+        let mut cur = open_in_root(root, b"", OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(|e| io_err("open rootfs", path, e))?;
+        for (i, comp) in comps.iter().enumerate() {
+            let last = i + 1 == comps.len();
+            let name = cstring(comp);
+            let st = lstat_at(cur.as_fd(), &name).map_err(|e| io_err("stat", path, e))?;
+            let ft = st.as_ref().map(|st| FileType::from_raw_mode(st.st_mode));
+            let want = if last && is_file {
+                FileType::RegularFile
+            } else {
+                FileType::Directory
+            };
+            if ft != Some(want) {
+                if let Some(st) = &st {
+                    tracing::info!(path, "rootfs: mount point path replaced");
+                    remove_entry(cur.as_fd(), &name, st)
+                        .map_err(|e| io_err("replace mount point path", path, e))?;
+                }
+                if want == FileType::Directory {
+                    mkdirat(&cur, &name, Mode::from_raw_mode(0o700))
+                        .map_err(|e| io_err("mkdir mount point", path, e.into()))?;
+                    let d = open_subdir(cur.as_fd(), &name)
+                        .map_err(|e| io_err("open mount point", path, e))?;
+                    fchmod(&d, Mode::from_raw_mode(0o755))
+                        .map_err(|e| io_err("chmod mount point", path, e.into()))?;
+                } else {
+                    let f = openat(
+                        &cur,
+                        &name,
+                        OFlags::WRONLY
+                            | OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o644),
+                    )
+                    .map_err(|e| io_err("create mount point", path, e.into()))?;
+                    fchmod(&f, Mode::from_raw_mode(0o644))
+                        .map_err(|e| io_err("chmod mount point", path, e.into()))?;
+                }
+            }
+            if !last {
+                cur = openat(
+                    &cur,
+                    &name,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| io_err("open mount point path", path, e.into()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn times(mtime: i64) -> Timestamps {
