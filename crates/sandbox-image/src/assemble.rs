@@ -16,7 +16,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 
 use oci_spec::image::{ImageConfiguration, ImageManifest};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use tracing::{info, warn};
 
 use crate::digest::{Digest, HashingReader};
@@ -189,7 +189,23 @@ impl Writer {
             }
             layers.push(ld.to_string());
         }
-        prepare_mount_points(&root_fd, opts.mount_points)?;
+        // The sandbox's mount points: real directories and files reached
+        // without a symlink (the unpacker's rules).
+        let dirs: Vec<&str> = opts
+            .mount_points
+            .iter()
+            .filter(|m| !m.file)
+            .map(|m| m.path.as_str())
+            .collect();
+        let files: Vec<&str> = opts
+            .mount_points
+            .iter()
+            .filter(|m| m.file)
+            .map(|m| m.path.as_str())
+            .collect();
+        unpack::ensure_mount_points(root_fd.as_fd(), &dirs, &files).map_err(|e| {
+            VerifyError::Invalid(format!("preparing the sandbox's mount points: {e}"))
+        })?;
         rustix::fs::syncfs(&root_fd).map_err(|e| io_err("syncfs", &rootfs_tmp)(e.into()))?;
         drop(root_fd);
         crate::failpoint_hit("image:before_commit");
@@ -280,90 +296,4 @@ fn decompressor<'r>(media: &str, r: impl Read + 'r) -> io::Result<Box<dyn Read +
             "unsupported layer media type {media:?} (tar, tar+gzip and tar+zstd are)"
         )))
     }
-}
-
-/// Makes each mount point a plain directory (or an empty regular file)
-/// reached without any symlink, replacing what the image had there when it
-/// was a symlink (or, for a directory, a non-directory), so the launcher
-/// mounts beneath the rootfs and never through a link.
-fn prepare_mount_points(root: &OwnedFd, points: &[MountPoint]) -> Result<(), StoreError> {
-    for mp in points {
-        let comps: Vec<&str> = mp.path.split('/').filter(|c| !c.is_empty()).collect();
-        if comps.is_empty() || comps.iter().any(|c| *c == "." || *c == "..") {
-            continue;
-        }
-        let mut dir = rustix::io::dup(root).map_err(|e| mp_err(mp, e))?;
-        for (i, c) in comps.iter().enumerate() {
-            let last = i + 1 == comps.len();
-            if last && mp.file {
-                ensure_file(&dir, c, mp)?;
-            } else {
-                dir = ensure_dir(&dir, c, mp)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn mp_err(mp: &MountPoint, e: rustix::io::Errno) -> StoreError {
-    StoreError::Io {
-        op: "prepare mount point",
-        path: PathBuf::from(&mp.path),
-        source: e.into(),
-    }
-}
-
-fn kind_at(dir: &OwnedFd, name: &str) -> Result<Option<FileType>, rustix::io::Errno> {
-    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => Ok(Some(FileType::from_raw_mode(st.st_mode))),
-        Err(rustix::io::Errno::NOENT) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-fn ensure_dir(dir: &OwnedFd, name: &str, mp: &MountPoint) -> Result<OwnedFd, StoreError> {
-    match kind_at(dir, name).map_err(|e| mp_err(mp, e))? {
-        Some(FileType::Directory) => {}
-        Some(FileType::Symlink) | Some(FileType::RegularFile) => {
-            warn!(mount_point = %mp.path, entry = name, "image: replacing a non-directory on a mount point's path by a directory");
-            rustix::fs::unlinkat(dir, name, AtFlags::empty()).map_err(|e| mp_err(mp, e))?;
-            rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755))
-                .map_err(|e| mp_err(mp, e))?;
-        }
-        Some(_) => return Err(mp_err(mp, rustix::io::Errno::NOTDIR)),
-        None => {
-            rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755))
-                .map_err(|e| mp_err(mp, e))?;
-        }
-    }
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| mp_err(mp, e))
-}
-
-fn ensure_file(dir: &OwnedFd, name: &str, mp: &MountPoint) -> Result<(), StoreError> {
-    match kind_at(dir, name).map_err(|e| mp_err(mp, e))? {
-        Some(FileType::RegularFile) => return Ok(()),
-        Some(FileType::Symlink) => {
-            rustix::fs::unlinkat(dir, name, AtFlags::empty()).map_err(|e| mp_err(mp, e))?;
-        }
-        Some(FileType::Directory) => {
-            // Only an empty one (anything else is a broken image).
-            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).map_err(|e| mp_err(mp, e))?;
-        }
-        Some(_) => return Err(mp_err(mp, rustix::io::Errno::INVAL)),
-        None => {}
-    }
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )
-    .map(drop)
-    .map_err(|e| mp_err(mp, e))
 }

@@ -418,7 +418,11 @@ fn repeated_whiteouts_do_not_rewalk_the_tree() {
     let started = std::time::Instant::now();
     let stats = h.apply(&t.done()).unwrap();
     assert_eq!(stats.whiteouts, 20_000);
-    assert!(started.elapsed() < std::time::Duration::from_secs(60), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
     assert!(!h.r("d/sub3/lower").exists());
     assert!(h.r("d/sub3/f999").exists());
     assert_eq!(tree(&h.root).len(), 1 + 20 + 20_000);
