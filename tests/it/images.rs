@@ -133,6 +133,28 @@ fn docker_save_import_and_verification_failures_leave_nothing() {
         .is_file());
     assert!(rootfs.join(".sandboxd/sandbox-agent").is_file());
 
+    // An OCI layout as a tar (what `skopeo copy ... oci-archive:` writes).
+    let layout = work.path().join("layout");
+    let digest = busybox_image().write_oci_layout(&layout, "1");
+    let oci_tar = work.path().join("layout.tar");
+    let mut t = tar::Builder::new(std::fs::File::create(&oci_tar).unwrap());
+    t.append_dir_all(".", &layout).unwrap();
+    t.finish().unwrap();
+    drop(t);
+    let (ok, out, err) = image_cli(
+        state.path(),
+        &["import", oci_tar.to_str().unwrap(), "--tag", TAG],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(&digest), "{out}");
+    // Both images are listed.
+    let (_, out, _) = image_cli(state.path(), &["ls"], &[]);
+    assert!(
+        out.contains(TAG) && out.contains("docker.io/test/saved:2"),
+        "{out}"
+    );
+
     let fresh = || tempfile::tempdir().unwrap();
     let expect_refused = |src: &Path, needle: &str| {
         let state = fresh();

@@ -426,7 +426,11 @@ impl Store {
 
     /// Removes every image no reference names and no sandbox uses, then
     /// every blob no remaining image needs.
+    /// Waits for a running pull or import first (one may be about to use
+    /// a stored blob no record names yet), and removes its leftovers.
     pub fn gc(&self, users: &dyn Fn(&Digest) -> Vec<String>) -> Result<GcReport, StoreError> {
+        let write = self.lock_file("write.lock", FlockOperation::LockExclusive)?;
+        self.clean(&write)?;
         let lock = self.lock_exclusive()?;
         let mut report = GcReport::default();
         let refs = self.refs()?;
@@ -459,9 +463,7 @@ impl Store {
             }
         }
         drop(lock);
-        if let Some(w) = self.try_lock_file("write.lock")? {
-            self.clean(&w)?;
-        }
+        drop(write);
         Ok(report)
     }
 
