@@ -551,3 +551,49 @@ async fn daemon_killed_mid_pull_restarts_clean() {
     let (s, _) = d.json("DELETE", "/api/sandboxes/k", None).await;
     assert_eq!(s, 200);
 }
+
+#[test]
+fn registry_basic_auth_from_a_docker_config() {
+    if !privileged("registry_basic_auth_from_a_docker_config") {
+        return;
+    }
+    let reg = Registry::start_auth(Some(("alice", "s3cret")));
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("bb");
+    busybox_image().write_oci_layout(&layout, "1");
+    let r = reg.push_as(&layout, "1", "test/private", Some("alice:s3cret"));
+    // base64("alice:s3cret")
+    let auth = work.path().join("auth.json");
+    std::fs::write(
+        &auth,
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "YWxpY2U6czNjcmV0"}}}}}}"#,
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let wrong = work.path().join("wrong.json");
+    std::fs::write(
+        &wrong,
+        format!(
+            r#"{{"auths": {{"{}": {{"username": "alice", "password": "nope"}}}}}}"#,
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let insecure = ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str());
+    for (file, ok_expected) in [(None, false), (Some(&wrong), false), (Some(&auth), true)] {
+        let state = tempfile::tempdir().unwrap();
+        let mut env = vec![insecure];
+        let f;
+        if let Some(p) = file {
+            f = p.to_string_lossy().to_string();
+            env.push(("SANDBOXD_IMAGES_AUTH_FILE", f.as_str()));
+        }
+        let (ok, _, err) = image_cli(state.path(), &["pull", &r], &env);
+        assert_eq!(ok, ok_expected, "auth file {file:?}: {err}");
+        if !ok {
+            assert_eq!(store_contents(state.path()), (0, 0, 0, 0));
+        }
+    }
+}

@@ -281,6 +281,12 @@ pub struct Registry {
 
 impl Registry {
     pub fn start() -> Registry {
+        Registry::start_auth(None)
+    }
+
+    /// With `Some((user, password))`: HTTP basic auth (htpasswd, bcrypt by
+    /// `htpasswd` of apache2-utils) on every request.
+    pub fn start_auth(creds: Option<(&str, &str)>) -> Registry {
         let bin = which("docker-registry")
             .expect("docker-registry is missing: apt-get install docker-registry (see .ci/run)");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -291,14 +297,26 @@ impl Registry {
         let addr = format!("127.0.0.1:{port}");
         let root = tempfile::tempdir().unwrap();
         let config = root.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
-                root.path().join("data").display()
-            ),
-        )
-        .unwrap();
+        let mut yml = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+            root.path().join("data").display()
+        );
+        if let Some((user, password)) = creds {
+            let htpasswd = which("htpasswd")
+                .expect("htpasswd is missing: apt-get install apache2-utils (see .ci/run)");
+            let out = std::process::Command::new(htpasswd)
+                .args(["-Bbn", user, password])
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            let file = root.path().join("htpasswd");
+            std::fs::write(&file, &out.stdout).unwrap();
+            yml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: test\n    path: {}\n",
+                file.display()
+            ));
+        }
+        std::fs::write(&config, yml).unwrap();
         let child = std::process::Command::new(bin)
             .arg("serve")
             .arg(&config)
@@ -320,16 +338,25 @@ impl Registry {
     /// Pushes the OCI layout `layout` (its image named `tag` in index.json)
     /// to `repo:tag` with skopeo; returns the full reference.
     pub fn push(&self, layout: &Path, tag: &str, repo: &str) -> String {
+        self.push_as(layout, tag, repo, None)
+    }
+
+    /// [`push`](Self::push) with `user:password` credentials.
+    pub fn push_as(&self, layout: &Path, tag: &str, repo: &str, creds: Option<&str>) -> String {
         let skopeo =
             which("skopeo").expect("skopeo is missing: apt-get install skopeo (see .ci/run)");
         let dest = format!("{}/{repo}:{tag}", self.addr);
-        let out = std::process::Command::new(skopeo)
-            .args([
-                "--insecure-policy",
-                "copy",
-                "--dest-tls-verify=false",
-                "--quiet",
-            ])
+        let mut cmd = std::process::Command::new(skopeo);
+        cmd.args([
+            "--insecure-policy",
+            "copy",
+            "--dest-tls-verify=false",
+            "--quiet",
+        ]);
+        if let Some(c) = creds {
+            cmd.arg(format!("--dest-creds={c}"));
+        }
+        let out = cmd
             .arg(format!("oci:{}:{tag}", layout.display()))
             .arg(format!("docker://{dest}"))
             .output()
