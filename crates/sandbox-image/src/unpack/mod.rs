@@ -127,8 +127,11 @@ pub struct LayerStats {
     pub entries: u64,
     /// Content bytes (regular files, and the content of anything skipped).
     pub bytes: u64,
-    /// Entries refused-and-skipped (device nodes, FIFOs, ...), with why.
+    /// Entries refused-and-skipped (device nodes, FIFOs, ...), with why: the
+    /// first 100 of the layer.
     pub skipped: Vec<String>,
+    /// All entries skipped.
+    pub skipped_total: u64,
     /// Whiteouts applied (`.wh.<name>` and opaque markers).
     pub whiteouts: u64,
     /// Entries whose setuid/setgid bits were dropped.
@@ -160,6 +163,7 @@ pub enum UnpackError {
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 const COPY_BUF: usize = 256 * 1024;
+const MAX_SKIPPED_RECORDS: usize = 100;
 
 /// Applies one uncompressed layer tar stream onto the rootfs directory `root`
 /// (an `O_DIRECTORY` fd), whiteouts against what earlier layers left there.
@@ -359,14 +363,10 @@ impl Unpacker<'_, '_> {
                 match self.budget.limits.special_files {
                     SpecialFiles::Refuse => Err(hostile(shown, format!("{what} refused"))),
                     SpecialFiles::Skip => {
-                        tracing::warn!(
-                            path = ?shown,
-                            kind = what,
-                            "layer: special file skipped (a sandbox's /dev comes from the runtime)"
+                        self.skip(
+                            shown,
+                            &format!("{what} skipped (a sandbox's /dev comes from the runtime)"),
                         );
-                        self.stats
-                            .skipped
-                            .push(format!("{shown:?}: {what} skipped"));
                         Ok(())
                     }
                 }
@@ -376,6 +376,19 @@ impl Unpacker<'_, '_> {
                 shown,
                 format!("unsupported entry type {:?}", other.as_byte() as char),
             )),
+        }
+    }
+
+    /// Records a skipped entry: a `warn!` line and a `skipped` record for the
+    /// first [`MAX_SKIPPED_RECORDS`] of a layer, then only the count (a
+    /// layer of a million FIFOs must not flood the log).
+    fn skip(&mut self, shown: &str, why: &str) {
+        self.stats.skipped_total += 1;
+        if self.stats.skipped.len() < MAX_SKIPPED_RECORDS {
+            tracing::warn!(path = ?shown, "layer: {why}");
+            self.stats.skipped.push(format!("{shown:?}: {why}"));
+        } else {
+            tracing::debug!(path = ?shown, "layer: {why}");
         }
     }
 
@@ -708,10 +721,7 @@ impl Unpacker<'_, '_> {
         }
         if victim.starts_with(WHITEOUT_PREFIX) {
             // `.wh..wh.*` other than the opaque marker: AUFS metadata.
-            tracing::warn!(path = ?shown, "layer: unknown whiteout metadata skipped");
-            self.stats
-                .skipped
-                .push(format!("{shown:?}: whiteout metadata skipped"));
+            self.skip(shown, "unknown whiteout metadata skipped");
             return Ok(());
         }
         let Some(parent) = self.parent(comps, false, shown)? else {
