@@ -7,11 +7,15 @@
 //! * Names are normalized: leading `/` and `.` components dropped (an
 //!   absolute name lands inside the rootfs); a `..` component anywhere, a NUL
 //!   byte, or a `.wh.`-prefixed directory component refuses the layer.
-//! * Every path is resolved by the kernel inside the rootfs
+//! * Every path is resolved inside the rootfs: by the kernel
 //!   (`openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`),
-//!   so a symlink in a parent (`etc -> /`, `up -> ../../..`) is followed
-//!   *inside* the rootfs; the final component is created with `O_EXCL` /
-//!   `mkdirat` / `symlinkat` / `linkat` and never followed.
+//!   or, where parents are missing, one name at a time from the rootfs fd
+//!   with the same rules; so a symlink in a parent (`etc -> /`,
+//!   `up -> ../../..`) is followed *inside* the rootfs. The final component
+//!   is created with `O_EXCL` / `mkdirat` / `symlinkat` / `linkat` and never
+//!   followed.
+//! * Symlink targets are stored verbatim; [`ensure_mount_points`] makes the
+//!   runtime's mount destinations real directories/files afterwards.
 //! * An existing entry is replaced (a directory keeps an existing directory
 //!   and takes the new mode/owner); a directory being replaced is removed
 //!   through fds without following symlinks.
@@ -22,8 +26,9 @@
 //!   [`SpecialFiles`]); hard links only to regular files or symlinks already
 //!   in the rootfs; setuid/setgid bits dropped; xattrs (PAX
 //!   `SCHILY.xattr.*`) never applied.
-//! * Limits are checked before anything is written: entry count, path
-//!   length, total content bytes (shared by all layers of an image).
+//! * Limits are checked before anything is written: entry count (implicit
+//!   parent directories included), path length, total content bytes (shared
+//!   by all layers of an image), metadata header sizes.
 //!
 //! On error the rootfs is partially written and must be discarded by the
 //! caller (`std::fs::remove_dir_all` does not follow symlinks).
