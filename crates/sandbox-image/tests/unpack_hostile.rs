@@ -236,12 +236,26 @@ fn device_nodes_and_fifos_are_skipped_by_default() {
         .done();
     let stats = h.apply(&layer).unwrap();
     assert_eq!(stats.skipped.len(), 3, "{:?}", stats.skipped);
+    assert_eq!(stats.skipped_total, 3);
     assert!(stats.skipped[0].contains("character device"));
     for p in ["dev/null", "dev/sda", "run/fifo"] {
         assert!(fs::symlink_metadata(h.r(p)).is_err(), "{p} was created");
     }
     assert_eq!(fs::read(h.r("ok")).unwrap(), b"ok");
     h.assert_host_untouched();
+}
+
+#[test]
+fn a_flood_of_special_files_is_counted_not_listed() {
+    let mut h = Host::new();
+    let mut t = Tar::new();
+    for i in 0..1000 {
+        t.node(format!("f{i}"), FIFO);
+    }
+    let stats = h.apply(&t.done()).unwrap();
+    assert_eq!(stats.skipped.len(), 100);
+    assert_eq!(stats.skipped_total, 1000);
+    assert!(tree(&h.root).is_empty());
 }
 
 #[test]

@@ -427,3 +427,35 @@ fn repeated_whiteouts_do_not_rewalk_the_tree() {
     assert!(h.r("d/sub3/f999").exists());
     assert_eq!(tree(&h.root).len(), 1 + 20 + 20_000);
 }
+
+#[test]
+fn implicit_parent_directories_count_as_entries() {
+    use sandbox_image::unpack::UnpackLimits;
+    let mut h = Host::with_limits(UnpackLimits {
+        max_entries: 10,
+        ..limits()
+    });
+    let stats = h.apply(&Tar::new().file("a/b/c/f", b"").done()).unwrap();
+    assert_eq!((stats.entries, stats.implicit_dirs), (1, 3));
+    assert_eq!(h.budget.entries_used, 4);
+    // 1 entry + 9 directories: over.
+    let r = h.apply(&Tar::new().file("x/1/2/3/4/5/6/7/8/f", b"").done());
+    assert_limit(r, "implicit dirs");
+}
+
+#[test]
+fn a_parent_walk_through_many_symlinks_is_linear_and_contained() {
+    // A chain of dangling symlinks, each a long climb out: created where
+    // they point inside the rootfs.
+    let mut h = Host::new();
+    let climb = "../".repeat(1000);
+    let mut t = Tar::new();
+    for i in 0..30 {
+        t.pax(&[("linkpath", format!("{climb}l{}", i + 1).as_bytes())])
+            .symlink(format!("l{i}"), "x");
+    }
+    t.file("l0/f", b"end of the chain");
+    h.apply(&t.done()).unwrap();
+    assert_eq!(fs::read(h.r("l30/f")).unwrap(), b"end of the chain");
+    h.assert_host_untouched();
+}

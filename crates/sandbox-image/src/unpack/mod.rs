@@ -7,11 +7,15 @@
 //! * Names are normalized: leading `/` and `.` components dropped (an
 //!   absolute name lands inside the rootfs); a `..` component anywhere, a NUL
 //!   byte, or a `.wh.`-prefixed directory component refuses the layer.
-//! * Every path is resolved by the kernel inside the rootfs
+//! * Every path is resolved inside the rootfs: by the kernel
 //!   (`openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`),
-//!   so a symlink in a parent (`etc -> /`, `up -> ../../..`) is followed
-//!   *inside* the rootfs; the final component is created with `O_EXCL` /
-//!   `mkdirat` / `symlinkat` / `linkat` and never followed.
+//!   or, where parents are missing, one name at a time from the rootfs fd
+//!   with the same rules; so a symlink in a parent (`etc -> /`,
+//!   `up -> ../../..`) is followed *inside* the rootfs. The final component
+//!   is created with `O_EXCL` / `mkdirat` / `symlinkat` / `linkat` and never
+//!   followed.
+//! * Symlink targets are stored verbatim; [`ensure_mount_points`] makes the
+//!   runtime's mount destinations real directories/files afterwards.
 //! * An existing entry is replaced (a directory keeps an existing directory
 //!   and takes the new mode/owner); a directory being replaced is removed
 //!   through fds without following symlinks.
@@ -22,8 +26,9 @@
 //!   [`SpecialFiles`]); hard links only to regular files or symlinks already
 //!   in the rootfs; setuid/setgid bits dropped; xattrs (PAX
 //!   `SCHILY.xattr.*`) never applied.
-//! * Limits are checked before anything is written: entry count, path
-//!   length, total content bytes (shared by all layers of an image).
+//! * Limits are checked before anything is written: entry count (implicit
+//!   parent directories included), path length, total content bytes (shared
+//!   by all layers of an image), metadata header sizes.
 //!
 //! On error the rootfs is partially written and must be discarded by the
 //! caller (`std::fs::remove_dir_all` does not follow symlinks).
@@ -31,7 +36,7 @@
 mod fsops;
 mod tar_stream;
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -45,7 +50,7 @@ use rustix::io::Errno;
 use tar::EntryType;
 
 use fsops::{
-    is_dir, key, lstat_at, open_in_root, open_subdir, prune, remove_entry, EntryKey, Keep,
+    dev_ino, is_dir, key, lstat_at, open_in_root, open_subdir, prune, remove_entry, EntryKey, Keep,
 };
 use tar_stream::{next_member, padding, EntryMeta, Member, Stream};
 
@@ -127,14 +132,20 @@ pub struct LayerStats {
     pub entries: u64,
     /// Content bytes (regular files, and the content of anything skipped).
     pub bytes: u64,
-    /// Entries refused-and-skipped (device nodes, FIFOs, ...), with why.
+    /// Entries refused-and-skipped (device nodes, FIFOs, ...), with why: the
+    /// first 100 of the layer.
     pub skipped: Vec<String>,
+    /// All entries skipped.
+    pub skipped_total: u64,
     /// Whiteouts applied (`.wh.<name>` and opaque markers).
     pub whiteouts: u64,
     /// Entries whose setuid/setgid bits were dropped.
     pub setid_stripped: u64,
     /// Extended attributes found in PAX records and not applied.
     pub xattrs_dropped: u64,
+    /// Parent directories created because the layer did not list them
+    /// (each counts as an entry of the budget).
+    pub implicit_dirs: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +168,7 @@ pub enum UnpackError {
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 const COPY_BUF: usize = 256 * 1024;
+const MAX_SKIPPED_RECORDS: usize = 100;
 
 /// Applies one uncompressed layer tar stream onto the rootfs directory `root`
 /// (an `O_DIRECTORY` fd), whiteouts against what earlier layers left there.
@@ -175,7 +187,8 @@ pub fn apply_layer<R: Read>(
     }
     let mut u = Unpacker {
         root,
-        limits: budget.limits.clone(),
+        root_id: dev_ino(&rst),
+        budget,
         stats: LayerStats::default(),
         created: HashSet::new(),
         dir_times: Vec::new(),
@@ -184,46 +197,46 @@ pub fn apply_layer<R: Read>(
     };
     let mut stream = Stream::new(layer);
     loop {
-        let meta = match next_member(&mut stream, u.limits.max_path_len)? {
+        let meta = match next_member(&mut stream, u.budget.limits.max_path_len)? {
             Member::End => break,
             Member::Global => {
-                count_entry(budget)?;
+                count_entry(u.budget)?;
                 continue;
             }
             Member::Entry(meta) => meta,
         };
-        count_entry(budget)?;
+        count_entry(u.budget)?;
         u.stats.entries += 1;
         let shown = String::from_utf8_lossy(&meta.path).into_owned();
-        if meta.path.len() > u.limits.max_path_len {
+        if meta.path.len() > u.budget.limits.max_path_len {
             return Err(UnpackError::Limit(format!(
                 "entry path of {} bytes (limit {}): {:.100}...",
                 meta.path.len(),
-                u.limits.max_path_len,
+                u.budget.limits.max_path_len,
                 shown
             )));
         }
         if meta
             .link
             .as_ref()
-            .is_some_and(|l| l.len() > u.limits.max_path_len)
+            .is_some_and(|l| l.len() > u.budget.limits.max_path_len)
         {
             return Err(UnpackError::Limit(format!(
                 "link target of {shown:?} longer than {} bytes",
-                u.limits.max_path_len
+                u.budget.limits.max_path_len
             )));
         }
         // Every content byte is charged before any is read or written: a
         // declared size over the budget stops here with nothing written.
-        if meta.size > budget.remaining_bytes() {
+        if meta.size > u.budget.remaining_bytes() {
             return Err(UnpackError::Limit(format!(
                 "{shown:?} declares {} bytes; {} of {} left",
                 meta.size,
-                budget.remaining_bytes(),
-                budget.limits.max_total_bytes
+                u.budget.remaining_bytes(),
+                u.budget.limits.max_total_bytes
             )));
         }
-        budget.bytes_used += meta.size;
+        u.budget.bytes_used += meta.size;
         u.stats.bytes += meta.size;
         u.stats.xattrs_dropped += meta.xattrs;
         if meta.xattrs > 0 {
@@ -298,9 +311,10 @@ fn cstring(b: &[u8]) -> CString {
     CString::new(b).expect("NUL bytes are refused by normalize")
 }
 
-struct Unpacker<'r> {
+struct Unpacker<'r, 'b> {
     root: BorrowedFd<'r>,
-    limits: UnpackLimits,
+    root_id: (u64, u64),
+    budget: &'b mut UnpackBudget,
     stats: LayerStats,
     /// Entries this layer created (directory dev/inode + name): whiteouts
     /// and opaque markers only remove what lower layers left.
@@ -313,7 +327,7 @@ struct Unpacker<'r> {
     buf: Vec<u8>,
 }
 
-impl Unpacker<'_> {
+impl Unpacker<'_, '_> {
     fn apply(
         &mut self,
         meta: &EntryMeta,
@@ -351,17 +365,13 @@ impl Unpacker<'_> {
                     EntryType::Block => "block device",
                     _ => "FIFO",
                 };
-                match self.limits.special_files {
+                match self.budget.limits.special_files {
                     SpecialFiles::Refuse => Err(hostile(shown, format!("{what} refused"))),
                     SpecialFiles::Skip => {
-                        tracing::warn!(
-                            path = ?shown,
-                            kind = what,
-                            "layer: special file skipped (a sandbox's /dev comes from the runtime)"
+                        self.skip(
+                            shown,
+                            &format!("{what} skipped (a sandbox's /dev comes from the runtime)"),
                         );
-                        self.stats
-                            .skipped
-                            .push(format!("{shown:?}: {what} skipped"));
                         Ok(())
                     }
                 }
@@ -371,6 +381,19 @@ impl Unpacker<'_> {
                 shown,
                 format!("unsupported entry type {:?}", other.as_byte() as char),
             )),
+        }
+    }
+
+    /// Records a skipped entry: a `warn!` line and a `skipped` record for the
+    /// first [`MAX_SKIPPED_RECORDS`] of a layer, then only the count (a
+    /// layer of a million FIFOs must not flood the log).
+    fn skip(&mut self, shown: &str, why: &str) {
+        self.stats.skipped_total += 1;
+        if self.stats.skipped.len() < MAX_SKIPPED_RECORDS {
+            tracing::warn!(path = ?shown, "layer: {why}");
+            self.stats.skipped.push(format!("{shown:?}: {why}"));
+        } else {
+            tracing::debug!(path = ?shown, "layer: {why}");
         }
     }
 
@@ -394,80 +417,87 @@ impl Unpacker<'_> {
         if !create {
             return Ok(None);
         }
-        // Create what is missing, component by component, each resolved
-        // inside the rootfs. A dangling symlink on the way is followed the
-        // way the kernel would (inside the rootfs): its target is spliced
-        // into the path and resolution restarts, at most 40 times.
-        let mut path: Vec<Vec<u8>> = dirs.iter().map(|c| c.to_vec()).collect();
+        // Create what is missing, walking one component at a time from the
+        // rootfs fd: a real directory is entered (`O_NOFOLLOW`), a missing
+        // one created, a symlink followed the way `RESOLVE_IN_ROOT` would —
+        // its target spliced into the rest of the walk, an absolute one from
+        // the rootfs, `..` never above the rootfs — at most 40 times. Each
+        // step is one `*at` call on one name from a directory inside the
+        // rootfs; the walk is linear in the components.
+        let mut todo: VecDeque<Vec<u8>> = dirs.iter().map(|c| c.to_vec()).collect();
+        let mut cur =
+            open_in_root(self.root, b"", flags).map_err(|e| io_err("open rootfs", shown, e))?;
+        let mut cur_id = self.root_id;
         let mut hops = 0;
-        let cur = 'restart: loop {
-            let mut cur =
-                open_in_root(self.root, b"", flags).map_err(|e| io_err("open rootfs", shown, e))?;
-            for i in 0..path.len() {
-                let prefix = path[..=i].join(&b'/');
-                match open_in_root(self.root, &prefix, flags) {
-                    Ok(fd) => {
-                        cur = fd;
-                        continue;
-                    }
-                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                    Err(e) => return Err(io_err("resolve parent directory of", shown, e)),
+        let resolve_err = |e: io::Error| io_err("resolve parent directory of", shown, e);
+        while let Some(comp) = todo.pop_front() {
+            if comp == b".." {
+                if cur_id != self.root_id {
+                    cur = openat(&cur, c"..", flags | OFlags::CLOEXEC, Mode::empty())
+                        .map_err(|e| resolve_err(e.into()))?;
+                    cur_id = dev_ino(&fstat(&cur).map_err(|e| resolve_err(e.into()))?);
                 }
-                let name = cstring(&path[i]);
-                let existing = lstat_at(cur.as_fd(), &name)
-                    .map_err(|e| io_err("stat parent directory of", shown, e))?;
-                match existing.map(|st| FileType::from_raw_mode(st.st_mode)) {
-                    None => {
-                        mkdirat(&cur, &name, Mode::from_raw_mode(0o700))
-                            .map_err(|e| io_err("create parent directory of", shown, e.into()))?;
-                        let dst = fstat(&cur).map_err(|e| io_err("stat", shown, e.into()))?;
-                        self.created.insert(key(&dst, &path[i]));
-                        let d = open_subdir(cur.as_fd(), &name)
-                            .map_err(|e| io_err("open parent directory of", shown, e))?;
-                        fchmod(&d, Mode::from_raw_mode(0o755))
-                            .map_err(|e| io_err("chmod parent directory of", shown, e.into()))?;
-                        cur = d;
-                    }
-                    Some(FileType::Symlink) => {
-                        hops += 1;
-                        if hops > 40 {
-                            return Err(io_err(
-                                "resolve parent directory of",
-                                shown,
-                                Errno::LOOP.into(),
-                            ));
-                        }
-                        let target = readlinkat(&cur, &name, Vec::new())
-                            .map_err(|e| io_err("read symlink in the path of", shown, e.into()))?;
-                        let target = target.as_bytes();
-                        let mut new: Vec<Vec<u8>> = if target.starts_with(b"/") {
-                            Vec::new()
-                        } else {
-                            path[..i].to_vec()
-                        };
-                        // `..` stays: the kernel resolves it, clamped at the
-                        // rootfs, when the new path is opened.
-                        new.extend(
-                            target
-                                .split(|&b| b == b'/')
-                                .filter(|c| !c.is_empty() && *c != b".")
-                                .map(<[u8]>::to_vec),
-                        );
-                        new.extend(path[i + 1..].iter().cloned());
-                        path = new;
-                        continue 'restart;
-                    }
-                    Some(_) => {
-                        return Err(io_err(
-                            "resolve parent directory of",
-                            shown,
-                            Errno::NOTDIR.into(),
-                        ))
-                    }
-                }
+                continue;
             }
-            break cur;
-        };
+            let name = cstring(&comp);
+            match openat(
+                &cur,
+                &name,
+                flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => {
+                    let id = dev_ino(&fstat(&fd).map_err(|e| resolve_err(e.into()))?);
+                    if id.0 != self.root_id.0 {
+                        return Err(resolve_err(Errno::XDEV.into()));
+                    }
+                    cur = fd;
+                    cur_id = id;
+                }
+                Err(Errno::NOENT) => {
+                    // An implicit directory is an entry of the budget: a
+                    // few long names must not make millions of inodes.
+                    count_entry(self.budget)?;
+                    self.stats.implicit_dirs += 1;
+                    mkdirat(&cur, &name, Mode::from_raw_mode(0o700))
+                        .map_err(|e| io_err("create parent directory of", shown, e.into()))?;
+                    let dst = fstat(&cur).map_err(|e| io_err("stat", shown, e.into()))?;
+                    self.created.insert(key(&dst, &comp));
+                    let d = open_subdir(cur.as_fd(), &name)
+                        .map_err(|e| io_err("open parent directory of", shown, e))?;
+                    fchmod(&d, Mode::from_raw_mode(0o755))
+                        .map_err(|e| io_err("chmod parent directory of", shown, e.into()))?;
+                    cur_id = dev_ino(&fstat(&d).map_err(|e| resolve_err(e.into()))?);
+                    cur = d;
+                }
+                Err(Errno::NOTDIR | Errno::LOOP) => {
+                    let st = lstat_at(cur.as_fd(), &name).map_err(resolve_err)?;
+                    if st.map(|st| FileType::from_raw_mode(st.st_mode)) != Some(FileType::Symlink) {
+                        return Err(resolve_err(Errno::NOTDIR.into()));
+                    }
+                    hops += 1;
+                    if hops > 40 {
+                        return Err(resolve_err(Errno::LOOP.into()));
+                    }
+                    let target =
+                        readlinkat(&cur, &name, Vec::new()).map_err(|e| resolve_err(e.into()))?;
+                    let target = target.as_bytes();
+                    if target.starts_with(b"/") {
+                        cur = open_in_root(self.root, b"", flags)
+                            .map_err(|e| io_err("open rootfs", shown, e))?;
+                        cur_id = self.root_id;
+                    }
+                    for c in target
+                        .split(|&b| b == b'/')
+                        .filter(|c| !c.is_empty() && *c != b".")
+                        .rev()
+                    {
+                        todo.push_front(c.to_vec());
+                    }
+                }
+                Err(e) => return Err(resolve_err(e.into())),
+            }
+        }
         Ok(Some(cur))
     }
 
@@ -490,7 +520,7 @@ impl Unpacker<'_> {
 
     fn owner(&self, meta: &EntryMeta) -> Option<(Uid, Gid)> {
         // Range checked in `apply`.
-        self.limits.preserve_owners.then(|| {
+        self.budget.limits.preserve_owners.then(|| {
             (
                 Uid::from_raw(meta.uid as u32),
                 Gid::from_raw(meta.gid as u32),
@@ -696,10 +726,7 @@ impl Unpacker<'_> {
         }
         if victim.starts_with(WHITEOUT_PREFIX) {
             // `.wh..wh.*` other than the opaque marker: AUFS metadata.
-            tracing::warn!(path = ?shown, "layer: unknown whiteout metadata skipped");
-            self.stats
-                .skipped
-                .push(format!("{shown:?}: whiteout metadata skipped"));
+            self.skip(shown, "unknown whiteout metadata skipped");
             return Ok(());
         }
         let Some(parent) = self.parent(comps, false, shown)? else {
