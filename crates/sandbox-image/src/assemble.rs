@@ -184,8 +184,8 @@ impl Writer {
                 }
                 .into());
             }
-            for s in &stats.skipped {
-                warn!(layer = %ld, entry = %s, "image layer entry skipped");
+            if stats.skipped_total > 0 {
+                info!(layer = %ld, skipped = stats.skipped_total, "layer applied; entries skipped (logged by the unpacker)");
             }
             layers.push(ld.to_string());
         }
