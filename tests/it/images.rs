@@ -508,48 +508,49 @@ async fn daemon_killed_mid_pull_restarts_clean() {
         ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str()),
         ("SANDBOXD_NETWORK", "none"),
     ];
-    let mut armed = env.to_vec();
-    armed.push(("SANDBOXD_FAILPOINT", "image:after_blob"));
-    let mut d = Daemon::start_native(&dirs, &armed);
-    let mut body = create_body("k", "t", "u1");
-    body["image"] = serde_json::json!(image);
-    // The create's pull kills the daemon after its first verified blob.
-    let req = hyper::Request::builder()
-        .method("POST")
-        .uri(d.url("/api/sandboxes"))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(crate::common::full(body.to_string()))
-        .unwrap();
-    let client = d.client.clone();
-    let req = tokio::spawn(async move {
-        let _ = client.request(req).await;
-    });
-    let status = tokio::task::block_in_place(|| d.child.wait()).unwrap();
-    assert!(!status.success(), "the failpoint did not kill the daemon");
-    let _ = req.await;
-    let state = d.take_state_dir();
-    let (_, _, _, tmp) = store_contents(state.path());
-    assert!(
-        tmp > 0,
-        "the killed pull left nothing to clean up (failpoint too early?)"
-    );
-    assert_eq!(
-        store_contents(state.path()).2,
-        0,
-        "a record of a half-pulled image"
-    );
+    // After a verified blob; after every layer is unpacked into tmp/,
+    // before anything is renamed into place.
+    for point in ["image:after_blob", "image:before_commit"] {
+        let mut armed = env.to_vec();
+        armed.push(("SANDBOXD_FAILPOINT", point));
+        let mut d = Daemon::start_native(&dirs, &armed);
+        let mut body = create_body("k", "t", "u1");
+        body["image"] = serde_json::json!(image);
+        // The create's pull kills the daemon at `point`.
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri(d.url("/api/sandboxes"))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(crate::common::full(body.to_string()))
+            .unwrap();
+        let client = d.client.clone();
+        let req = tokio::spawn(async move {
+            let _ = client.request(req).await;
+        });
+        let status = tokio::task::block_in_place(|| d.child.wait()).unwrap();
+        assert!(!status.success(), "{point} did not kill the daemon");
+        let _ = req.await;
+        let state = d.take_state_dir();
+        let (_, _, _, tmp) = store_contents(state.path());
+        assert!(tmp > 0, "{point}: the killed pull left nothing to clean up");
+        assert_eq!(
+            store_contents(state.path()).2,
+            0,
+            "{point}: a record of a half-pulled image"
+        );
 
-    // Restarted: the leftovers go at once; the create pulls and runs.
-    let d = Daemon::start_native_in(&dirs, state, &env);
-    assert!(d.log_contains("removing what an interrupted pull or import left"));
-    assert_eq!(store_contents(d.state_dir.path()).3, 0);
-    let mut body = create_body("k", "t", "u1");
-    body["image"] = serde_json::json!(image);
-    let (s, v) = d.create(body).await;
-    assert_eq!(s, 200, "{v}");
-    assert_runs_the_image(&d, "k").await;
-    let (s, _) = d.json("DELETE", "/api/sandboxes/k", None).await;
-    assert_eq!(s, 200);
+        // Restarted: the leftovers go at once; the create pulls and runs.
+        let d = Daemon::start_native_in(&dirs, state, &env);
+        assert!(d.log_contains("removing what an interrupted pull or import left"));
+        assert_eq!(store_contents(d.state_dir.path()).3, 0);
+        let mut body = create_body("k", "t", "u1");
+        body["image"] = serde_json::json!(image);
+        let (s, v) = d.create(body).await;
+        assert_eq!(s, 200, "{v}");
+        assert_runs_the_image(&d, "k").await;
+        let (s, _) = d.json("DELETE", "/api/sandboxes/k", None).await;
+        assert_eq!(s, 200);
+    }
 }
 
 #[test]
