@@ -277,6 +277,26 @@ impl Images {
     }
 }
 
+/// Image `reference` as the store of `cfg` holds it, never pulled
+/// (`sandboxd bundle`): nothing is created or cleaned.
+pub fn resolve_stored(cfg: &Config, reference: &str) -> anyhow::Result<ResolvedImage> {
+    let r = sandbox_image::reference::normalize(reference).map_err(anyhow::Error::msg)?;
+    let store = Store::at(&cfg.state_dir.join("images"));
+    let rec = store.lookup(&r)?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "image {r} is not in the store at {}: `sandboxd image pull` or `import` it first",
+            store.root().display()
+        )
+    })?;
+    let digest = rec.digest()?;
+    Ok(ResolvedImage {
+        reference: r,
+        rootfs: store.rootfs_path(&digest),
+        digest,
+        env: rec.env,
+    })
+}
+
 /// The sandboxes (ids) whose `state.json` under `state_dir` records image
 /// `digest`: the native backend's records of live (or not yet cleaned up)
 /// sandboxes. Read by `rm` and `gc`, in the daemon and the CLI alike.

@@ -71,6 +71,52 @@ async fn imported_oci_layout_runs_as_the_sandbox_root() {
         "{out}"
     );
 
+    // `sandboxd bundle` writes what a create of that image would use.
+    let out_dir = layout.path().join("bundle-out");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args([
+            "bundle",
+            "--sandbox-id",
+            "b1",
+            "--uid",
+            "u1",
+            "--image",
+            TAG,
+            "--out",
+        ])
+        .arg(&out_dir)
+        .env_remove("SANDBOXD_CONFIG")
+        .env("SANDBOXD_STATE_DIR", state.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        spec["root"]["path"],
+        state
+            .path()
+            .join("images/rootfs")
+            .join(&digest[7..])
+            .to_str()
+            .unwrap()
+    );
+    assert_eq!(spec["root"]["readonly"], true);
+    assert_eq!(spec["annotations"]["sandboxd.io/image"], TAG);
+    let env = spec["process"]["env"].to_string();
+    assert!(
+        env.contains("IMAGE_VAR=set-by-image") && env.contains("PATH=/bin:/image-bin"),
+        "{env}"
+    );
+    assert!(
+        !spec["mounts"].to_string().contains("\"/usr\""),
+        "a host /usr bind in image mode"
+    );
+
     let d = Daemon::start_native_in(
         &dirs,
         state,

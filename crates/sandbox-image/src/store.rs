@@ -140,6 +140,14 @@ impl Store {
         Ok(store)
     }
 
+    /// The store at `root` for reading only: nothing is created or
+    /// cleaned (`sandboxd bundle`).
+    pub fn at(root: &Path) -> Store {
+        Store {
+            root: root.to_path_buf(),
+        }
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -365,17 +373,12 @@ impl Store {
     ) -> Result<Option<Digest>, StoreError> {
         let lock = self.lock_exclusive()?;
         let mut refs = self.refs()?;
-        let digest = match refs.get(reference) {
-            Some(d) => d.clone(),
-            None => match reference.rsplit_once('@') {
-                Some((_, d))
-                    if Digest::parse(d).is_ok()
-                        && self.record(&Digest::parse(d).expect("checked"))?.is_some() =>
-                {
-                    d.to_string()
-                }
-                _ => return Err(StoreError::NotFound(reference.to_string())),
-            },
+        let by_digest = match reference.rsplit_once('@').map(|(_, d)| Digest::parse(d)) {
+            Some(Ok(d)) if self.record(&d)?.is_some() => Some(d.to_string()),
+            _ => None,
+        };
+        let Some(digest) = refs.get(reference).cloned().or(by_digest) else {
+            return Err(StoreError::NotFound(reference.to_string()));
         };
         let d = Digest::parse(&digest).map_err(|e| StoreError::Corrupt {
             path: self.refs_path(),
