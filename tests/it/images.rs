@@ -248,6 +248,25 @@ fn docker_save_import_and_verification_failures_leave_nothing() {
 
     // Not an image at all.
     expect_refused(work.path(), "neither an OCI image layout");
+
+    // An unpacked docker save directory naming a file outside itself.
+    let dir = work.path().join("escape");
+    std::fs::create_dir(&dir).unwrap();
+    let img = busybox_image();
+    let config = img.config();
+    let config_name = format!("{}.json", &crate::common::oci::sha256(&config)[7..]);
+    std::fs::write(dir.join(&config_name), &config).unwrap();
+    std::fs::write(work.path().join("outside.tar"), &img.layers[0].0).unwrap();
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_vec(&serde_json::json!([{
+            "Config": config_name, "RepoTags": ["test/escape:1"],
+            "Layers": ["../outside.tar", "../outside.tar"],
+        }]))
+        .unwrap(),
+    )
+    .unwrap();
+    expect_refused(&dir, "../outside.tar is missing");
 }
 
 fn biggest_blob(layout: &Path) -> std::path::PathBuf {

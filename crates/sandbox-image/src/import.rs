@@ -49,7 +49,14 @@ struct Files {
 }
 
 impl Files {
+    /// Where file `name` of the layout or archive is. Names come from the
+    /// archive's own JSON: only those a layout or archive can have are
+    /// looked up (no `..`, nothing absolute), so none reaches outside it.
     fn path(&self, name: &str) -> Option<PathBuf> {
+        let name = name.trim_start_matches("./");
+        if !wanted(name) {
+            return None;
+        }
         match &self.extracted {
             Some(m) => m.get(name).cloned(),
             None => {

@@ -233,6 +233,19 @@ pub async fn pull(
     }
     let m: ImageManifest = serde_json::from_slice(&manifest)
         .map_err(|e| VerifyError::Invalid(format!("manifest {digest}: {e}")))?;
+    // An image whose blobs alone are over the unpack limit is refused
+    // before anything is downloaded.
+    let declared: u64 = std::iter::once(m.config())
+        .chain(m.layers())
+        .map(|d| d.size())
+        .fold(0u64, u64::saturating_add);
+    if declared > opts.commit.limits.max_total_bytes {
+        return Err(VerifyError::Invalid(format!(
+            "manifest {digest} declares {declared} bytes of blobs, over the image limit of {} bytes",
+            opts.commit.limits.max_total_bytes
+        ))
+        .into());
+    }
     let mut total = 0u64;
     fetch_blob(
         &c,
