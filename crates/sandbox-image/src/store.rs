@@ -559,3 +559,87 @@ pub(crate) fn copy_verified(
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(s: &Store, content: &[u8]) -> Digest {
+        let d = Digest::of(content);
+        std::fs::write(s.blob_path(&d), content).unwrap();
+        std::fs::create_dir_all(s.rootfs_path(&d).join("etc")).unwrap();
+        s.write_record(&ImageRecord {
+            manifest: d.to_string(),
+            config: d.to_string(),
+            layers: vec![],
+            env: vec![],
+            size: content.len() as u64,
+            unpacked_bytes: 0,
+            created_at: 0,
+        })
+        .unwrap();
+        d
+    }
+
+    #[test]
+    fn open_cleans_what_a_crash_left_and_rm_gc_respect_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let a = record(&s, b"image a");
+        s.tag(&a, &["r/a:1".to_string(), "r/a:2".to_string()])
+            .unwrap();
+        // A crash mid-pull: a temp blob, and a rootfs without a record.
+        std::fs::write(s.tmp_dir().join("blob-1-1"), b"half").unwrap();
+        let orphan = Digest::of(b"orphan");
+        std::fs::create_dir_all(s.rootfs_path(&orphan)).unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(std::fs::read_dir(s.tmp_dir()).unwrap().count(), 0);
+        assert!(!s.rootfs_path(&orphan).exists());
+        assert!(s.rootfs_path(&a).exists());
+        assert_eq!(s.lookup("r/a:1").unwrap().unwrap().manifest, a.to_string());
+        assert_eq!(
+            s.lookup(&format!("r/a@{a}")).unwrap().unwrap().manifest,
+            a.to_string()
+        );
+
+        // In use: refused, nothing changed.
+        let users = |d: &Digest| {
+            if *d == a {
+                vec!["sb1".to_string()]
+            } else {
+                vec![]
+            }
+        };
+        let e = s.remove("r/a:1", &users).unwrap_err().to_string();
+        assert!(e.contains("used by sandbox(es) sb1"), "{e}");
+        assert_eq!(s.refs().unwrap().len(), 2);
+        // Not in use: the first reference goes, the image stays for the
+        // second; then the image goes with the last.
+        let nobody = |_: &Digest| Vec::new();
+        assert_eq!(s.remove("r/a:1", &nobody).unwrap(), None);
+        assert!(s.rootfs_path(&a).exists());
+        assert_eq!(s.remove("r/a:2", &nobody).unwrap(), Some(a.clone()));
+        assert!(!s.rootfs_path(&a).exists());
+        assert!(s.lookup("r/a:2").unwrap().is_none());
+        assert!(matches!(
+            s.remove("r/a:2", &nobody),
+            Err(StoreError::NotFound(_))
+        ));
+
+        // gc: an unnamed image a sandbox uses stays; its blob too; the rest goes.
+        let b = record(&s, b"image b");
+        let c = record(&s, b"image c");
+        let uses_b = |d: &Digest| {
+            if *d == b {
+                vec!["sb2".to_string()]
+            } else {
+                vec![]
+            }
+        };
+        let rep = s.gc(&uses_b).unwrap();
+        assert_eq!(rep.images, vec![c.to_string()]);
+        assert_eq!(rep.kept_in_use, vec![b.to_string()]);
+        assert!(s.blob_path(&b).exists() && !s.blob_path(&c).exists());
+        assert!(!s.blob_path(&a).exists(), "a's blob outlived its image");
+    }
+}
