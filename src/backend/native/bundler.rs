@@ -134,6 +134,9 @@ impl Bundler {
             Some(&cgroup_path),
             Some(&self.seccomp.oci),
         )?;
+        if let Some(i) = image {
+            super::rootfs::check_mount_points(i, &oci).map_err(NativeError::ImageUnavailable)?;
+        }
         let env = bundle::command_env(&base, spec);
         let resolv = match spec.network.unwrap_or(self.network) {
             crate::config::NetworkMode::Egress => self.resolv_egress.as_str(),

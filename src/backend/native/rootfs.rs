@@ -45,6 +45,56 @@ pub fn select<'a>(
     (Cow::Owned(base), Cow::Owned(host))
 }
 
+/// Checks that every mount destination of `spec` that lands in the image's
+/// rootfs (not inside an earlier mount, such as `/dev/pts` in `/dev`'s
+/// tmpfs) exists there, reached without any symlink. The store made them
+/// when it unpacked the image; one missing (the base spec gained a mount
+/// since) would make the launcher create it in the shared rootfs, joining
+/// paths on the host: refused instead, with the fix.
+pub fn check_mount_points(image: &ResolvedImage, spec: &Spec) -> Result<(), String> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let root = rustix::fs::open(
+        &image.rootfs,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        format!(
+            "image {} rootfs {}: {e}",
+            image.reference,
+            image.rootfs.display()
+        )
+    })?;
+    let mut earlier: Vec<std::path::PathBuf> = Vec::new();
+    for m in spec.mounts().iter().flatten() {
+        let dest = m.destination().clone();
+        if earlier.iter().any(|e| dest != *e && dest.starts_with(e)) {
+            continue;
+        }
+        earlier.push(dest.clone());
+        let rel = dest.strip_prefix("/").unwrap_or(&dest);
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        rustix::fs::openat2(
+            &root,
+            rel,
+            OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| {
+            format!(
+                "image {} has no plain mount point {} ({e}): it was unpacked for another mount table; \
+                 `sandboxd image rm` and pull (or import) it again",
+                image.reference,
+                dest.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// `base` (`KEY=VALUE`) with the image's variables replacing those of the
 /// same name (entries without `=` are dropped).
 fn image_env_over(base: &[String], image: &[String]) -> Vec<String> {
@@ -67,6 +117,44 @@ fn image_env_over(base: &[String], image: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_points_must_be_plain_in_the_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        for d in ["dev", "home/gem", "etc"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("etc/passwd"), "").unwrap();
+        let image = ResolvedImage {
+            reference: "r/x:1".into(),
+            digest: sandbox_image::Digest::of(b"x"),
+            rootfs: root.clone(),
+            env: vec![],
+        };
+        let spec = |dests: &[&str]| -> Spec {
+            let mounts: Vec<serde_json::Value> = dests
+                .iter()
+                .map(|d| serde_json::json!({"destination": d, "type": "tmpfs", "source": "tmpfs"}))
+                .collect();
+            serde_json::from_value(serde_json::json!({"ociVersion": "1.0.2", "mounts": mounts}))
+                .unwrap()
+        };
+        // Inside earlier mounts (/dev/pts, user data) need not exist.
+        let ok = spec(&[
+            "/dev",
+            "/dev/pts",
+            "/home/gem",
+            "/home/gem/user-data",
+            "/etc/passwd",
+        ]);
+        check_mount_points(&image, &ok).unwrap();
+        let e = check_mount_points(&image, &spec(&["/srv"])).unwrap_err();
+        assert!(e.contains("no plain mount point /srv"), "{e}");
+        std::os::unix::fs::symlink("/etc", root.join("etc2")).unwrap();
+        let e = check_mount_points(&image, &spec(&["/etc2/passwd"])).unwrap_err();
+        assert!(e.contains("/etc2/passwd"), "{e}");
+    }
 
     #[test]
     fn image_env_replaces_base() {
