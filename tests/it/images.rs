@@ -663,3 +663,69 @@ fn registry_basic_auth_from_a_docker_config() {
         }
     }
 }
+
+#[test]
+fn an_index_resolves_to_the_linux_amd64_image() {
+    if !privileged("an_index_resolves_to_the_linux_amd64_image") {
+        return;
+    }
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("multi");
+    let (_, amd64) = busybox_image().write_multiarch_layout(&layout, "1");
+    // Import: the nested index in the layout.
+    let state = tempfile::tempdir().unwrap();
+    let (ok, out, err) = image_cli(
+        state.path(),
+        &["import", layout.to_str().unwrap(), "--tag", TAG],
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(&amd64), "{out}");
+    // Pull: by tag and by the index's digest, through the registry.
+    let mut cmd = std::process::Command::new("skopeo");
+    let out = cmd
+        .args([
+            "--insecure-policy",
+            "copy",
+            "--all",
+            "--quiet",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:1", layout.display()))
+        .arg(format!("docker://{}/test/multi:1", reg.addr))
+        .output()
+        .expect("skopeo is missing: apt-get install skopeo (see .ci/run)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The index as the registry holds it (skopeo may re-serialize it).
+    let raw = std::process::Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{}/test/multi:1", reg.addr))
+        .output()
+        .unwrap();
+    assert!(raw.status.success());
+    let served: serde_json::Value = serde_json::from_slice(&raw.stdout).unwrap();
+    assert_eq!(
+        served["manifests"].as_array().unwrap().len(),
+        2,
+        "not an index: {served}"
+    );
+    let index = crate::common::oci::sha256(&raw.stdout);
+    let insecure = [("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str())];
+    for r in [
+        format!("{}/test/multi:1", reg.addr),
+        format!("{}/test/multi@{index}", reg.addr),
+    ] {
+        let state = tempfile::tempdir().unwrap();
+        let (ok, out, err) = image_cli(state.path(), &["pull", &r], &insecure);
+        assert!(ok, "{r}: {err}");
+        assert!(out.contains(&amd64), "{r}: not the amd64 image: {out}");
+        // Only the amd64 image's blobs were fetched (no `arm` layer).
+        let rootfs = state.path().join("images/rootfs").join(&amd64[7..]);
+        assert!(rootfs.join("image-marker").exists() && !rootfs.join("arm").exists());
+    }
+}

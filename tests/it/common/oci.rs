@@ -130,6 +130,64 @@ impl Image {
         .unwrap()
     }
 
+    /// Writes a layout whose index.json names an image index of two
+    /// platforms: this image as linux/amd64, and a one-file image whose
+    /// config says linux/arm64. Returns (index digest, amd64 manifest digest).
+    pub fn write_multiarch_layout(&self, dir: &Path, ref_name: &str) -> (String, String) {
+        let amd64 = self.write_oci_layout(dir, ref_name);
+        let blobs = dir.join("blobs/sha256");
+        let put = |b: &[u8]| {
+            let d = sha256(b);
+            std::fs::write(blobs.join(&d[7..]), b).unwrap();
+            (d, b.len())
+        };
+        let layer = layer_tar(&[Entry::File("arm".into(), b"arm64\n".to_vec(), 0o644)]);
+        let (ld, ll) = put(&layer);
+        let (cd, cl) = put(&serde_json::to_vec(&serde_json::json!({
+            "architecture": "arm64", "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": [ld]},
+        }))
+        .unwrap());
+        let (armd, arml) = put(
+            &serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cl},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": ld, "size": ll}],
+            }))
+            .unwrap(),
+        );
+        let amd64_len = std::fs::metadata(blobs.join(&amd64[7..])).unwrap().len();
+        // arm64 first: the selection must look at the platform, not the order.
+        let (idx, idx_len) = put(
+            &serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": [
+                    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": armd, "size": arml,
+                     "platform": {"architecture": "arm64", "os": "linux"}},
+                    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": amd64, "size": amd64_len,
+                     "platform": {"architecture": "amd64", "os": "linux"}},
+                ],
+            }))
+            .unwrap(),
+        );
+        std::fs::write(
+            dir.join("index.json"),
+            serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2,
+                "manifests": [{
+                    "mediaType": "application/vnd.oci.image.index.v1+json",
+                    "digest": idx, "size": idx_len,
+                    "annotations": {"org.opencontainers.image.ref.name": ref_name},
+                }],
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+        (idx, amd64)
+    }
+
     /// Writes an OCI image layout at `dir`; returns the manifest digest.
     pub fn write_oci_layout(&self, dir: &Path, ref_name: &str) -> String {
         let blobs = dir.join("blobs/sha256");
