@@ -436,6 +436,29 @@ fn registry_verification_failures_leave_nothing() {
     refused(&r, "size mismatch");
     std::fs::write(&data, &orig).unwrap();
 
+    // Docker's manifest format (schema 2, gzip layers) pulls as well.
+    let mut v2 = busybox_image();
+    v2.layers[1].1 = Compression::Gzip;
+    let layout = work.path().join("v2s2");
+    v2.write_oci_layout(&layout, "1");
+    let r2 = reg.push_with(&layout, "1", "test/v2s2", None, &["--format", "v2s2"]);
+    let state = tempfile::tempdir().unwrap();
+    let (ok, _, err) = image_cli(state.path(), &["pull", &r2], &insecure);
+    assert!(ok, "docker schema 2: {err}");
+    let blobs = state.path().join("images/blobs/sha256");
+    let manifests: Vec<String> = std::fs::read_dir(&blobs)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter(|t| t.contains("schemaVersion"))
+        .collect();
+    assert!(
+        manifests
+            .iter()
+            .any(|m| m.contains("application/vnd.docker.distribution.manifest.v2+json")),
+        "not a docker schema 2 manifest: {manifests:?}"
+    );
+
     // A manifest asked for by a digest it does not have.
     let wrong = format!("{}/test/good@sha256:{}", reg.addr, "0".repeat(64));
     refused(&wrong, "pulling");

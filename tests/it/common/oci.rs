@@ -401,6 +401,18 @@ impl Registry {
 
     /// [`push`](Self::push) with `user:password` credentials.
     pub fn push_as(&self, layout: &Path, tag: &str, repo: &str, creds: Option<&str>) -> String {
+        self.push_with(layout, tag, repo, creds, &[])
+    }
+
+    /// [`push_as`](Self::push_as) with more `skopeo copy` arguments.
+    pub fn push_with(
+        &self,
+        layout: &Path,
+        tag: &str,
+        repo: &str,
+        creds: Option<&str>,
+        extra: &[&str],
+    ) -> String {
         let skopeo =
             which("skopeo").expect("skopeo is missing: apt-get install skopeo (see .ci/run)");
         let dest = format!("{}/{repo}:{tag}", self.addr);
@@ -414,6 +426,7 @@ impl Registry {
         if let Some(c) = creds {
             cmd.arg(format!("--dest-creds={c}"));
         }
+        cmd.args(extra);
         let out = cmd
             .arg(format!("oci:{}:{tag}", layout.display()))
             .arg(format!("docker://{dest}"))
