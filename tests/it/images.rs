@@ -695,7 +695,7 @@ fn an_index_resolves_to_the_linux_amd64_image() {
     let reg = Registry::start();
     let work = tempfile::tempdir().unwrap();
     let layout = work.path().join("multi");
-    let (_, amd64) = busybox_image().write_multiarch_layout(&layout, "1");
+    let amd64 = busybox_image().write_multiarch_layout(&layout, "1");
     // Import: the nested index in the layout.
     let state = tempfile::tempdir().unwrap();
     let (ok, out, err) = image_cli(

@@ -132,8 +132,8 @@ impl Image {
 
     /// Writes a layout whose index.json names an image index of two
     /// platforms: this image as linux/amd64, and a one-file image whose
-    /// config says linux/arm64. Returns (index digest, amd64 manifest digest).
-    pub fn write_multiarch_layout(&self, dir: &Path, ref_name: &str) -> (String, String) {
+    /// config says linux/arm64. Returns the amd64 manifest's digest.
+    pub fn write_multiarch_layout(&self, dir: &Path, ref_name: &str) -> String {
         let amd64 = self.write_oci_layout(dir, ref_name);
         let blobs = dir.join("blobs/sha256");
         let put = |b: &[u8]| {
@@ -185,7 +185,7 @@ impl Image {
             .unwrap(),
         )
         .unwrap();
-        (idx, amd64)
+        amd64
     }
 
     /// Writes an OCI image layout at `dir`; returns the manifest digest.
