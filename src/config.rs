@@ -348,6 +348,39 @@ pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
     "last-modified",
 ];
 
+/// OCI images as native sandbox root filesystems (`[images]`, see
+/// `docs/images.md`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// The image every native sandbox runs (`SANDBOX_IMAGE`); unset: the
+    /// host's `/usr` (`[native] rootfs_binds`). The Kubernetes backend uses
+    /// it as the Pod image when set (else the top-level `sandbox_image`).
+    pub default: Option<String>,
+    /// References a create may name in its `"image"` field (400 otherwise).
+    pub allowed: Vec<String>,
+    /// A Docker-style `config.json` (`auths`) with registry credentials
+    /// (`SANDBOXD_IMAGES_AUTH_FILE`).
+    pub auth_file: Option<PathBuf>,
+    /// `host:port` of registries spoken to over plain HTTP
+    /// (`SANDBOXD_INSECURE_REGISTRIES`, comma-separated).
+    pub insecure_registries: Vec<String>,
+    /// Largest total of regular-file bytes one image may unpack to.
+    pub max_unpacked_mb: u64,
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        ImagesConfig {
+            default: None,
+            allowed: Vec::new(),
+            auth_file: None,
+            insecure_registries: Vec::new(),
+            max_unpacked_mb: 20 * 1024,
+        }
+    }
+}
+
 /// Settings of the streaming proxy (`[proxy]`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -688,6 +721,7 @@ pub struct Config {
     pub network: NetworkConfig,
     pub proxy: ProxyConfig,
     pub userns: UsernsConfig,
+    pub images: ImagesConfig,
 }
 
 impl Default for Config {
@@ -726,6 +760,7 @@ impl Default for Config {
             network: NetworkConfig::default(),
             proxy: ProxyConfig::default(),
             userns: UsernsConfig::default(),
+            images: ImagesConfig::default(),
         }
     }
 }
@@ -771,7 +806,9 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOX_PROVISIONER_TOKEN", Setter::Any(|c, v| { c.token = Some(v.into()); c.token_origin = None; Ok(()) })),
     ("SANDBOXD_TOKEN_FILE", Setter::Text(|c, v| c.token_file = Some(v.into()))),
     ("PROVISIONER_PUBLIC_URL", Setter::Text(|c, v| c.public_url = Some(v))),
-    ("SANDBOX_IMAGE", Setter::Text(|c, v| c.sandbox_image = v)),
+    ("SANDBOX_IMAGE", Setter::Text(|c, v| c.images.default = Some(v))),
+    ("SANDBOXD_INSECURE_REGISTRIES", Setter::Any(|c, v| { c.images.insecure_registries = split_commas(v); Ok(()) })),
+    ("SANDBOXD_IMAGES_AUTH_FILE", Setter::Text(|c, v| c.images.auth_file = Some(v.into()))),
     ("SANDBOX_CONTAINER_PORT", Setter::Parsed(|c, v| parse_into(&mut c.container_port, v))),
     ("SANDBOX_HEALTH_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.health_timeout_seconds, v))),
     ("SANDBOX_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle_timeout_seconds, v))),
@@ -944,6 +981,15 @@ impl Config {
             )));
         }
         Ok(addr)
+    }
+
+    /// The Kubernetes backend's Pod image: `[images] default`
+    /// (`SANDBOX_IMAGE`) when set, else the top-level `sandbox_image`.
+    pub fn kube_sandbox_image(&self) -> &str {
+        self.images
+            .default
+            .as_deref()
+            .unwrap_or(&self.sandbox_image)
     }
 
     /// The longest a command may run in a sandbox, passed to its agent
@@ -1203,6 +1249,33 @@ mod tests {
     }
 
     #[test]
+    fn images_settings() {
+        let c = Config::load(
+            None,
+            &env(&[
+                ("SANDBOX_IMAGE", "127.0.0.1:5000/tools:1"),
+                (
+                    "SANDBOXD_INSECURE_REGISTRIES",
+                    "127.0.0.1:5000, localhost:5001",
+                ),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.images.default.as_deref(), Some("127.0.0.1:5000/tools:1"));
+        assert_eq!(c.kube_sandbox_image(), "127.0.0.1:5000/tools:1");
+        assert_eq!(
+            c.images.insecure_registries,
+            vec!["127.0.0.1:5000", "localhost:5001"]
+        );
+        // The top-level key stays the Kubernetes backend's only.
+        let c: Config =
+            toml::from_str("sandbox_image = \"x:1\"\n[images]\nallowed = [\"a:1\"]\n").unwrap();
+        assert_eq!(c.kube_sandbox_image(), "x:1");
+        assert_eq!(c.images.default, None);
+        assert_eq!(c.images.allowed, vec!["a:1"]);
+    }
+
+    #[test]
     fn empty_and_blank_env_values() {
         // Empty counts as unset, except for the token and the booleans.
         let c = Config::load(
@@ -1217,7 +1290,8 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(c.sandbox_image, DEFAULT_SANDBOX_IMAGE);
+        assert_eq!(c.kube_sandbox_image(), DEFAULT_SANDBOX_IMAGE);
+        assert_eq!(c.images.default, None);
         assert_eq!(c.container_port, 8080);
         assert_eq!(c.backend, BackendKind::Native);
         assert_eq!(c.log_format, LogFormat::Auto);

@@ -6,6 +6,8 @@
 //! - [`lifecycle`]: the semantics every backend shares (identity, generations,
 //!   proxy guards, idle reaper, quiesce gate);
 //! - [`backend`]: the [`backend::Backend`] trait and its implementations;
+//! - [`images`]: OCI images as native sandbox roots (store, pulls; the
+//!   crate `sandbox-image` does the work);
 //! - [`cli`], [`config`], [`metrics`], [`systemd`] (sd_notify and socket
 //!   activation).
 //!
@@ -19,6 +21,7 @@ pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod images;
 pub mod lifecycle;
 pub mod metrics;
 pub mod systemd;

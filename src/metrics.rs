@@ -29,6 +29,11 @@ pub struct TrafficLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -56,6 +61,12 @@ pub struct Metrics {
     pub net_dropped: Family<ReasonLabel, Gauge>,
     /// Bytes through each sandbox's veth.
     pub net_bytes: Family<TrafficLabel, Gauge>,
+    /// Image pulls by result (`ok`, `failed`), their bytes and seconds,
+    /// and verification failures by kind.
+    pub image_pulls: Family<ResultLabel, Gauge>,
+    pub image_pull_bytes: Gauge,
+    pub image_pull_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub image_verification_failures: Family<KindLabel, Gauge>,
     render_lock: Mutex<()>,
 }
 
@@ -118,7 +129,35 @@ impl Metrics {
             "Bytes through a sandbox's veth, by direction (seen from the sandbox)",
             net_bytes.clone(),
         );
+        let image_pulls = Family::<ResultLabel, Gauge>::default();
+        let image_pull_bytes = Gauge::default();
+        let image_pull_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let image_verification_failures = Family::<KindLabel, Gauge>::default();
+        registry.register(
+            "image_pulls",
+            "Image pulls since the daemon started, by result",
+            image_pulls.clone(),
+        );
+        registry.register(
+            "image_pull_bytes",
+            "Bytes of image blobs pulled since the daemon started",
+            image_pull_bytes.clone(),
+        );
+        registry.register(
+            "image_pull_seconds",
+            "Seconds spent pulling images since the daemon started",
+            image_pull_seconds.clone(),
+        );
+        registry.register(
+            "image_verification_failures",
+            "Image pulls refused because content did not match its digest, size or diff_id, by kind",
+            image_verification_failures.clone(),
+        );
         Metrics {
+            image_pulls,
+            image_pull_bytes,
+            image_pull_seconds,
+            image_verification_failures,
             registry,
             sandboxes,
             create_seconds,
@@ -139,6 +178,25 @@ impl Metrics {
                 kind: kind.to_string(),
             })
             .inc();
+    }
+
+    /// Sets the image gauges from a backend's pull counters.
+    pub fn set_images(&self, s: &crate::images::ImageStats) {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for (result, v) in [("ok", s.pulls_ok), ("failed", s.pulls_failed)] {
+            self.image_pulls
+                .get_or_create(&ResultLabel {
+                    result: result.to_string(),
+                })
+                .set(n(v));
+        }
+        self.image_pull_bytes.set(n(s.bytes));
+        self.image_pull_seconds.set(s.seconds);
+        for (kind, v) in &s.verification_failures {
+            self.image_verification_failures
+                .get_or_create(&KindLabel { kind: kind.clone() })
+                .set(n(*v));
+        }
     }
 
     /// Sets the network gauges from a backend's counters.

@@ -43,9 +43,9 @@ impl ApiError {
             ApiError::NotFoundDetail(_) => StatusCode::NOT_FOUND,
             ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Lifecycle(e) => match e {
-                LifecycleError::Validation(_) | LifecycleError::IdentityMismatch(_) => {
-                    StatusCode::BAD_REQUEST
-                }
+                LifecycleError::Validation(_)
+                | LifecycleError::IdentityMismatch(_)
+                | LifecycleError::ImageNotAllowed(_) => StatusCode::BAD_REQUEST,
                 LifecycleError::NotFound => StatusCode::NOT_FOUND,
                 LifecycleError::GenerationMismatch { .. } => StatusCode::CONFLICT,
                 LifecycleError::Quiescing => StatusCode::SERVICE_UNAVAILABLE,
@@ -54,6 +54,7 @@ impl ApiError {
                     BackendError::Invalid(_) => StatusCode::BAD_REQUEST,
                     BackendError::Conflict(_) => StatusCode::CONFLICT,
                     BackendError::Unreachable(_) => StatusCode::BAD_GATEWAY,
+                    BackendError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
                     BackendError::HealthTimeout(_) | BackendError::Internal(_) => {
                         StatusCode::INTERNAL_SERVER_ERROR
                     }

@@ -57,6 +57,7 @@ fn state() -> Arc<AppState> {
         limits: Default::default(),
         delete_grace: Duration::from_secs(1),
         stop_timeout: Duration::from_secs(1),
+        allowed_images: Vec::new(),
     };
     let lc = Arc::new(Lifecycle::new(
         Arc::new(backend),

@@ -32,6 +32,10 @@ pub enum BackendError {
     /// cleaned up): HTTP 500.
     #[error("sandbox did not become healthy within {0:?}")]
     HealthTimeout(Duration),
+    /// Something the sandbox needs is not there yet or could not be had
+    /// (its image is still being pulled, or the pull failed): HTTP 503.
+    #[error("{0}")]
+    Unavailable(String),
     /// The sandbox cannot be reached: HTTP 502 on the proxy path.
     #[error("cannot reach sandbox: {0}")]
     Unreachable(String),
@@ -48,6 +52,7 @@ impl BackendError {
             BackendError::Conflict(_) => "conflict",
             BackendError::HealthTimeout(_) => "health_timeout",
             BackendError::Unreachable(_) => "unreachable",
+            BackendError::Unavailable(_) => "unavailable",
             BackendError::Internal(_) => "internal",
         }
     }
@@ -150,6 +155,11 @@ pub trait Backend: Send + Sync + 'static {
     /// create/discover answer and `sandboxd inspect`, when the backend
     /// manages one.
     fn network(&self, _sandbox_id: &str) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Image pull counters for `/metrics`, when the backend pulls images.
+    fn image_stats(&self) -> Option<crate::images::ImageStats> {
         None
     }
 

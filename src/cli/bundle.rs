@@ -33,6 +33,10 @@ pub struct BundleArgs {
     pub out: PathBuf,
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The create's `"image"` (default: the node's `[images] default`);
+    /// taken from the image store, never pulled.
+    #[arg(long)]
+    pub image: Option<String>,
 }
 
 pub fn run(args: BundleArgs) -> anyhow::Result<()> {
@@ -50,6 +54,7 @@ fn request(args: &BundleArgs) -> anyhow::Result<CreateRequest> {
         "uid": args.uid,
         "workdir_path": args.workdir_path,
         "inherit_env": !args.ephemeral,
+        "image": args.image.as_deref().map(sandbox_image::reference::normalize).transpose().map_err(anyhow::Error::msg)?,
     }))?)
 }
 
@@ -70,8 +75,20 @@ fn write(args: &BundleArgs, cfg: &Config) -> anyhow::Result<PathBuf> {
     let spec =
         SandboxSpec::from_request(request(args)?, &Default::default(), &cfg.limits.resources())?;
     let bundler = Bundler::new(cfg, HostPaths::Untouched)?;
+    // The userland a create would get: the create's image, else the
+    // node's default image, else the host's.
+    let image = match spec
+        .identity
+        .image
+        .as_deref()
+        .or(cfg.images.default.as_deref())
+    {
+        Some(r) => Some(crate::images::resolve_stored(cfg, r)?),
+        None => None,
+    };
     let out = std::path::absolute(&args.out)?;
-    if let Err(e) = bundler.write_bundle_to(&spec, &new_generation(), &out) {
+    if let Err(e) = bundler.write_bundle_with(&spec, &new_generation(), &out, image.as_ref(), None)
+    {
         // Remove what we made (never what existed: then nothing was made).
         if !matches!(e, NativeError::Bundle(BundleError::Exists { .. })) {
             let _ = std::fs::remove_dir_all(&out);
@@ -96,6 +113,7 @@ mod tests {
             ephemeral,
             out: out.to_path_buf(),
             config: None,
+            image: None,
         }
     }
 

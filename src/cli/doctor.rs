@@ -127,6 +127,7 @@ pub fn check(cfg: &Config) -> Vec<Finding> {
     }
     out.push(network(cfg));
     out.push(userns(cfg));
+    out.push(image(cfg));
     out.push(runc());
     out
 }
@@ -178,6 +179,42 @@ fn userns(cfg: &Config) -> Finding {
             Need::Optional,
             format!("idmapped mounts do not work here, sandboxes would run as host uid 1000: {e}"),
             "put the user-data and skills roots on ext4, xfs, btrfs or tmpfs (Linux 5.12+; tmpfs 6.3+), or set [userns] mode = \"off\" to silence this",
+        ),
+    }
+}
+
+/// The default image (`[images] default`): present in the store, or
+/// pulled at start (creates wait for it). Never blocks: the daemon serves
+/// meanwhile.
+fn image(cfg: &Config) -> Finding {
+    let Some(r) = cfg.images.default.as_deref() else {
+        return Finding::ok(
+            "image",
+            Need::Optional,
+            "no default image: sandboxes run the host's userland",
+        );
+    };
+    if let Some(f) = cfg.images.auth_file.as_deref() {
+        if let Err(e) = std::fs::metadata(f) {
+            return Finding::bad(
+                "image",
+                Need::Optional,
+                format!("[images] auth_file {}: {e}", f.display()),
+                "write the Docker-style config.json there, or unset auth_file",
+            );
+        }
+    }
+    match crate::images::resolve_stored(cfg, r) {
+        Ok(i) => Finding::ok(
+            "image",
+            Need::Optional,
+            format!("default image {} present ({})", i.reference, i.digest),
+        ),
+        Err(e) => Finding::bad(
+            "image",
+            Need::Optional,
+            format!("{e:#}; the daemon pulls it at start and creates wait for it"),
+            format!("sandboxd image pull {r} (or `sandboxd image import` on an air-gapped node)"),
         ),
     }
 }

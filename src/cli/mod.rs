@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 pub mod bundle;
 pub mod config_cmd;
 pub mod doctor;
+pub mod image;
 pub mod kube;
 pub mod logfmt;
 pub mod ops;
@@ -49,6 +50,10 @@ pub enum Command {
     /// Audit the seccomp profile, or run a command under it.
     #[command(subcommand)]
     Seccomp(seccomp::SeccompCmd),
+    /// Native sandbox images: pull, import, ls, rm, gc (the store under
+    /// <state_dir>/images; safe to run while the daemon serves).
+    #[command(subcommand)]
+    Image(image::ImageCmd),
     /// List the sandboxes of the local daemon (id, status, generation, workdir, oom).
     Ls(ops::Target),
     /// Show one sandbox of the local daemon as JSON.
@@ -162,6 +167,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Inspect(a) => ops::inspect(a),
         Command::Logs(a) => ops::logs(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Image(cmd) => image::run(cmd),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut script = Vec::new();

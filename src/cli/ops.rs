@@ -90,8 +90,26 @@ impl EnvSource for Layered {
     }
 }
 
+/// The daemon's configuration as the daemon on this node sees it: the
+/// config file (`config`, else `SANDBOXD_CONFIG`, else the unit's when it
+/// exists), the environment over the env file (`env_file`, else the
+/// unit's), `state_dir` over both. Shared by the operator commands.
+pub(crate) fn node_config(
+    config: Option<&Path>,
+    env_file: Option<&Path>,
+    state_dir: Option<&Path>,
+) -> anyhow::Result<Config> {
+    let t = Target {
+        config: config.map(Path::to_path_buf),
+        env_file: env_file.map(Path::to_path_buf),
+        url: None,
+        state_dir: state_dir.map(Path::to_path_buf),
+    };
+    Api::config_of(&t)
+}
+
 impl Api {
-    fn from_target(t: &Target) -> anyhow::Result<Api> {
+    fn config_of(t: &Target) -> anyhow::Result<Config> {
         let env_file = match &t.env_file {
             Some(p) => Some(p.clone()),
             None => Some(PathBuf::from(UNIT_ENV_FILE)).filter(|p| p.exists()),
@@ -113,6 +131,11 @@ impl Api {
         if let Some(d) = &t.state_dir {
             cfg.state_dir = d.clone();
         }
+        Ok(cfg)
+    }
+
+    fn from_target(t: &Target) -> anyhow::Result<Api> {
+        let cfg = Api::config_of(t)?;
         let endpoint = match &t.url {
             Some(u) => parse_url(u)?,
             None => match &cfg.unix_socket {

@@ -105,6 +105,7 @@ async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
             let nb = tokio::task::spawn_blocking(move || NativeBackend::new(&cfg))
                 .await
                 .context("native backend set-up panicked")??;
+            nb.start_image_pull();
             Ok(Arc::new(nb))
         }
         BackendKind::Kubernetes => {
@@ -279,6 +280,13 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         limits: cfg.limits.clone(),
         delete_grace: Duration::from_secs(cfg.delete_grace_seconds),
         stop_timeout: Duration::from_secs(cfg.stop_timeout_seconds),
+        allowed_images: cfg
+            .images
+            .allowed
+            .iter()
+            .map(|r| sandbox_image::reference::normalize(r).map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<_>>()
+            .context("[images] allowed")?,
     };
     // systemd/sandboxd.service stops the daemon after TimeoutStopSec=90s.
     if cfg.stop_sandboxes_on_exit && cfg.shutdown_grace_seconds + cfg.stop_timeout_seconds >= 90 {

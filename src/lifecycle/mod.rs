@@ -40,6 +40,10 @@ pub enum LifecycleError {
     Validation(#[from] ValidationError),
     #[error("sandbox {0} identity does not match existing generation")]
     IdentityMismatch(String),
+    /// The create named an image outside `[images] allowed`, or not an
+    /// image reference at all: HTTP 400.
+    #[error("image {0}")]
+    ImageNotAllowed(String),
     #[error("sandbox not found")]
     NotFound,
     #[error("sandbox {id} is at generation {live}, not the expected {expected}")]
@@ -62,6 +66,7 @@ impl LifecycleError {
         match self {
             LifecycleError::Validation(_) => "validation",
             LifecycleError::IdentityMismatch(_) => "identity_mismatch",
+            LifecycleError::ImageNotAllowed(_) => "image_not_allowed",
             LifecycleError::NotFound => "not_found",
             LifecycleError::GenerationMismatch { .. } => "generation_mismatch",
             LifecycleError::Quiescing => "quiescing",
@@ -86,6 +91,8 @@ pub struct Settings {
     pub delete_grace: Duration,
     /// How long `stop_all` (shutdown) may take in all.
     pub stop_timeout: Duration,
+    /// `[images] allowed`, normalized: the references a create may name.
+    pub allowed_images: Vec<String>,
 }
 
 /// One tracked incarnation. Activity is a touch counter plus a timestamp so
@@ -169,6 +176,20 @@ impl Lifecycle {
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// The normalized form of a create's `"image"`, when `[images]
+    /// allowed` lists it.
+    fn allowed_image(&self, image: &str) -> Result<String, LifecycleError> {
+        let norm = sandbox_image::reference::normalize(image)
+            .map_err(|e| LifecycleError::ImageNotAllowed(e.to_string()))?;
+        if self.settings.allowed_images.contains(&norm) {
+            Ok(norm)
+        } else {
+            Err(LifecycleError::ImageNotAllowed(format!(
+                "{image:?} is not in this node's [images] allowed list"
+            )))
+        }
     }
 
     pub fn settings(&self) -> &Settings {
@@ -281,7 +302,10 @@ impl Lifecycle {
     }
 
     /// Create or reuse (see the contract).
-    pub async fn create(&self, req: CreateRequest) -> Result<SandboxRecord, LifecycleError> {
+    pub async fn create(&self, mut req: CreateRequest) -> Result<SandboxRecord, LifecycleError> {
+        if let Some(image) = req.image.take() {
+            req.image = Some(self.allowed_image(&image)?);
+        }
         let spec = SandboxSpec::from_request(
             req,
             &self.settings.global_env,

@@ -10,6 +10,7 @@ use crate::backend::memory::MemoryBackend;
 
 fn settings(idle: Option<Duration>) -> Settings {
     Settings {
+        allowed_images: Vec::new(),
         health_timeout: Duration::from_secs(5),
         idle_timeout: idle,
         idle_check_interval: Duration::from_millis(50),

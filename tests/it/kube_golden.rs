@@ -733,3 +733,35 @@ fn the_dockerfile_ships_the_binaries_the_build_makes_where_pods_look() {
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("build.rs")).unwrap();
     assert!(build_rs.contains(r#"profile_dir.join("sandbox-agent")"#));
 }
+
+/// A create's `"image"` (already checked against `[images] allowed` by
+/// the lifecycle) is the Pod's image and is recorded with its identity;
+/// without one the node's image is used (`[images] default`, else the
+/// top-level `sandbox_image`).
+#[test]
+fn the_create_image_is_the_pod_image() {
+    let c = SpecConfig::from_config(&config()).unwrap();
+    let image = |p: &Pod| {
+        p.spec.as_ref().unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(
+        image(&build_pod(&persistent(), &c)),
+        "registry.example.com/sandbox:1.0"
+    );
+    let spec = spec_of(serde_json::json!({"sandbox_id": "img1", "thread_id": "t",
+        "uid": "alice", "image": "registry.example.com/tools:2"}));
+    let pod = build_pod(&spec, &c);
+    assert_eq!(image(&pod), "registry.example.com/tools:2");
+    let ann = pod.metadata.annotations.unwrap();
+    assert_eq!(ann["sandboxd.io/image"], "registry.example.com/tools:2");
+    let mut cfg = config();
+    cfg.images.default = Some("registry.example.com/default:3".into());
+    let c = SpecConfig::from_config(&cfg).unwrap();
+    assert_eq!(
+        image(&build_pod(&persistent(), &c)),
+        "registry.example.com/default:3"
+    );
+}

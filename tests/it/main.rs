@@ -27,6 +27,7 @@ mod api_parity;
 mod cgroups_real;
 mod daemon_config;
 mod fuzz_api;
+mod images;
 mod kube_backend;
 mod kube_golden;
 mod logs_json;

@@ -78,11 +78,17 @@ pub enum Point {
     InitAfterMounts,
     /// Launcher: hangs after the fork without reporting the PID.
     InitStallBeforePid,
+    /// Image pull or import: a blob verified and staged in the store's
+    /// `tmp/`, the image not complete.
+    ImageAfterBlob,
+    /// Image pull or import: every layer unpacked into `tmp/`, nothing
+    /// renamed into place yet.
+    ImageBeforeCommit,
 }
 
 impl Point {
     /// Every point, for tests that walk them all.
-    pub const ALL: [Point; 13] = [
+    pub const ALL: [Point; 15] = [
         Point::CreateAfterState,
         Point::CreateAfterCgroup,
         Point::CreateAfterBundle,
@@ -96,6 +102,8 @@ impl Point {
         Point::InitAfterNamespaces,
         Point::InitAfterMounts,
         Point::InitStallBeforePid,
+        Point::ImageAfterBlob,
+        Point::ImageBeforeCommit,
     ];
 
     /// The name [`ENV`] holds to arm this point.
@@ -114,6 +122,8 @@ impl Point {
             Point::InitAfterNamespaces => "init:after_namespaces",
             Point::InitAfterMounts => "init:after_mounts",
             Point::InitStallBeforePid => "init:stall_before_pid",
+            Point::ImageAfterBlob => "image:after_blob",
+            Point::ImageBeforeCommit => "image:before_commit",
         }
     }
 

@@ -14,6 +14,7 @@ pub const THREAD_ID: &str = "sandboxd.io/thread-id";
 pub const UID: &str = "sandboxd.io/uid";
 pub const WORKDIR: &str = "sandboxd.io/workdir-path";
 pub const STORAGE: &str = "sandboxd.io/storage";
+pub const IMAGE: &str = "sandboxd.io/image";
 
 /// The text of a storage mode.
 pub fn storage_str(s: StorageMode) -> &'static str {
@@ -45,6 +46,9 @@ pub fn annotations(
     if let Some(w) = &identity.workdir_path {
         a.insert(WORKDIR.to_string(), w.clone());
     }
+    if let Some(i) = &identity.image {
+        a.insert(IMAGE.to_string(), i.clone());
+    }
     a
 }
 
@@ -63,6 +67,7 @@ pub fn identity_from_annotations(a: &BTreeMap<String, String>) -> Option<(String
             uid: a.get(UID)?.clone(),
             workdir_path: a.get(WORKDIR).cloned(),
             storage,
+            image: a.get(IMAGE).cloned(),
         },
     ))
 }
@@ -78,6 +83,7 @@ mod tests {
             uid: "u".into(),
             workdir_path: Some("p/q".into()),
             storage: StorageMode::Persistent,
+            image: Some("127.0.0.1:5000/tools:1".into()),
         };
         let a = annotations("sb", Some("g1"), &ident);
         assert_eq!(a[GENERATION], "g1");

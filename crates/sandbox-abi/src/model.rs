@@ -175,6 +175,10 @@ pub struct Identity {
     pub uid: String,
     pub workdir_path: Option<String>,
     pub storage: StorageMode,
+    /// The image the create named (normalized reference); `None`: the
+    /// node's default (an image, or the host's userland).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// Optional per-request resource limits (an extension; old clients never
@@ -231,6 +235,10 @@ pub struct CreateRequest {
     /// `"none"` narrows this sandbox to loopback; absent: the daemon's mode.
     #[serde(default)]
     pub network: Option<NetworkMode>,
+    /// An image reference from the node's `[images] allowed` list; absent:
+    /// the node's default. Part of the sandbox's identity.
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 /// A validated create request, with the environment already merged

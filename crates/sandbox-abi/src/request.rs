@@ -70,6 +70,7 @@ impl SandboxSpec {
                 uid: req.uid,
                 workdir_path,
                 storage,
+                image: req.image,
             },
             env,
             resources,

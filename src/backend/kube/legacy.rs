@@ -59,6 +59,7 @@ pub fn record(pod: &Pod) -> Option<SandboxRecord> {
             uid: field(pod, &["uid", "user-id", "user_id"]).unwrap_or_else(unknown),
             workdir_path: field(pod, &["workdir-path", "workdir_path"]),
             storage: StorageMode::Persistent,
+            image: None,
         },
         status: SandboxStatus::Exited,
         created_at: pod

@@ -200,6 +200,7 @@ mod tests {
                 uid: "u".into(),
                 workdir_path: w,
                 storage: s,
+                image: None,
             };
             let a = annotations("sb", &id);
             assert_eq!(identity_from_annotations(&a), Some(("sb".into(), id)));

@@ -89,7 +89,7 @@ impl SpecConfig {
         };
         Ok(SpecConfig {
             namespace: k.namespace.clone(),
-            image: cfg.sandbox_image.clone(),
+            image: cfg.kube_sandbox_image().to_string(),
             agent_image: k.agent_image.clone(),
             container_port: cfg.container_port,
             user_data_pvc: k.user_data_pvc.clone(),
@@ -300,7 +300,13 @@ pub fn build_pod(spec: &SandboxSpec, c: &SpecConfig) -> Pod {
 
     let container = Container {
         name: CONTAINER.into(),
-        image: Some(c.image.clone()),
+        // The create's image (`[images] allowed`), else the node's.
+        image: Some(
+            spec.identity
+                .image
+                .clone()
+                .unwrap_or_else(|| c.image.clone()),
+        ),
         image_pull_policy: Some("IfNotPresent".into()),
         // The agent is PID 1 whatever the image's entrypoint is.
         command: Some(vec![

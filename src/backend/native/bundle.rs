@@ -566,6 +566,7 @@ mod tests {
                 uid: "u1".into(),
                 workdir_path: workdir.map(String::from),
                 storage,
+                image: None,
             },
             env,
             resources: Resources {

@@ -111,34 +111,40 @@ impl Bundler {
         generation: &str,
         dir: &Path,
     ) -> Result<Spec, NativeError> {
-        self.write_bundle_with(spec, generation, dir, None)
+        self.write_bundle_with(spec, generation, dir, None, None)
     }
 
-    /// [`write_bundle_to`](Self::write_bundle_to), with a user namespace
-    /// of the host ids `userns` when given (a create, when `[userns]` is
-    /// on).
+    /// [`write_bundle_to`](Self::write_bundle_to) with the sandbox's
+    /// userland: the host's (`None`) or an image's (see [`super::rootfs`]),
+    /// and a user namespace of the host ids `userns` when given (a create,
+    /// when `[userns]` is on).
     pub fn write_bundle_with(
         &self,
         spec: &SandboxSpec,
         generation: &str,
         dir: &Path,
+        image: Option<&crate::images::ResolvedImage>,
         userns: Option<&super::userns::UsernsRange>,
     ) -> Result<Spec, NativeError> {
+        let (base, host) = super::rootfs::select(&self.base, &self.host, image);
         let cgroup_path = self.cgroup_parent.relative_path(&spec.sandbox_id);
         let mut oci = bundle::build_spec(
-            &self.base,
+            &base,
             spec,
             generation,
-            &self.host,
+            &host,
             &dir.join("files"),
             Some(&cgroup_path),
             Some(&self.seccomp.oci),
         )?;
+        if let Some(i) = image {
+            super::rootfs::check_mount_points(i, &oci).map_err(NativeError::ImageUnavailable)?;
+        }
         if let Some(range) = userns {
             super::userns::apply_to_spec(&mut oci, range)
                 .map_err(|e| NativeError::Bundle(bundle::BundleError::Build(e)))?;
         }
-        let env = bundle::command_env(&self.base, spec);
+        let env = bundle::command_env(&base, spec);
         let resolv = match spec.network.unwrap_or(self.network) {
             crate::config::NetworkMode::Egress => self.resolv_egress.as_str(),
             crate::config::NetworkMode::None => bundle::RESOLV_NO_NETWORK,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::proc::{self, ProcHandle};
 use super::state::{Phase, SandboxState};
 use super::{launch, output, paths, record_of, Live, NativeBackend, NativeError};
+use crate::images::ResolvedImage;
 use crate::model::{
     new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
 };
@@ -69,10 +70,27 @@ impl NativeBackend {
         Ok(())
     }
 
+    /// Holds the store's shared lock while image `i` is known to be there.
+    fn image_in_store(&self, i: &ResolvedImage) -> Result<sandbox_image::store::Lock, NativeError> {
+        let store = self.images.store();
+        let lock = store
+            .lock_shared()
+            .map_err(|e| NativeError::ImageStore(e.to_string()))?;
+        match store.record(&i.digest) {
+            Ok(Some(_)) => Ok(lock),
+            Ok(None) => Err(NativeError::ImageUnavailable(format!(
+                "image {} ({}) was removed from the store",
+                i.reference, i.digest
+            ))),
+            Err(e) => Err(NativeError::ImageStore(e.to_string())),
+        }
+    }
+
     pub(super) fn blocking_create(
         &self,
         spec: &SandboxSpec,
         timeout: Duration,
+        image: Option<&ResolvedImage>,
     ) -> Result<SandboxRecord, NativeError> {
         let id = spec.sandbox_id.as_str();
         let mode = self.net.effective(spec.network)?;
@@ -96,6 +114,7 @@ impl NativeBackend {
             created_at: unix_now(),
             network: None,
             userns: None,
+            image: image.map(|i| i.digest.to_string()),
         };
         // The create span (lifecycle) carries it from here on.
         tracing::Span::current().record("generation", generation.as_str());
@@ -107,15 +126,29 @@ impl NativeBackend {
             tracing::info!(sandbox_id = %id, generation = %generation, host_ids = %format!("{}-{}", range.host, range.host + (range.size - 1)), "user namespace range taken");
             st.userns = Some(range);
         }
-        self.state.save(&st)?;
+        {
+            // Under the store's shared lock: the image is still there, and
+            // the record naming it is written before `image rm`/`gc` (which
+            // take the lock exclusively) can look.
+            let _store = match image {
+                Some(i) => Some(self.image_in_store(i)?),
+                None => None,
+            };
+            self.state.save(&st)?;
+        }
         failpoint::hit(Point::CreateAfterState);
         let cgroup = self.cgroups.create(id, &spec.resources)?;
         st.cgroup = Some(self.cgroups.relative_path(id).display().to_string());
         self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterCgroup);
         let bundle_dir = self.state.bundle_dir(id);
-        self.bundler
-            .write_bundle_with(spec, &generation, &bundle_dir, st.userns.as_ref())?;
+        self.bundler.write_bundle_with(
+            spec,
+            &generation,
+            &bundle_dir,
+            image,
+            st.userns.as_ref(),
+        )?;
         failpoint::hit(Point::CreateAfterBundle);
         // PID 1's stdout and stderr: a FIFO the daemon drains (never a
         // file a sandbox could grow without bound).

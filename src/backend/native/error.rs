@@ -109,6 +109,13 @@ pub enum NativeError {
     /// The network of the node (start-up) or of one sandbox (create).
     #[error(transparent)]
     Network(#[from] NetError),
+    /// The sandbox's image is not available (still being pulled, or the
+    /// pull failed): HTTP 503.
+    #[error("{0}")]
+    ImageUnavailable(String),
+    /// The image store cannot be opened or read.
+    #[error("image store: {0}")]
+    ImageStore(String),
     /// No connection to the sandbox's agent.
     #[error("sandbox {id}: {source}")]
     Dial { id: String, source: NetnsError },
@@ -134,6 +141,7 @@ impl From<NativeError> for BackendError {
             _ if e.is_user_error() => BackendError::Invalid(e.to_string()),
             NativeError::Launch(LaunchError::Timeout(t)) => BackendError::HealthTimeout(t),
             NativeError::OtherGeneration { .. } => BackendError::Conflict(e.to_string()),
+            NativeError::ImageUnavailable(m) => BackendError::Unavailable(m),
             NativeError::NotRunning { .. } | NativeError::Dial { .. } => {
                 BackendError::Unreachable(e.to_string())
             }

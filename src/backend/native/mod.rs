@@ -36,6 +36,7 @@ pub mod output;
 pub use sandbox_abi::paths;
 pub mod proc;
 pub mod reconcile;
+mod rootfs;
 pub mod state;
 pub mod userns;
 mod watch;
@@ -101,6 +102,8 @@ pub struct NativeBackend {
     /// The host id ranges of the sandboxes' user namespaces, when
     /// `[userns]` is on ([`userns`]).
     userns: Option<Arc<userns::Pool>>,
+    /// The image store and pulls ([`crate::images`]).
+    images: Arc<crate::images::Images>,
 }
 
 impl NativeBackend {
@@ -149,6 +152,8 @@ impl NativeBackend {
         let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?.map(Arc::new);
         host::tune(Path::new(host::INOTIFY_INSTANCES));
         let network = net::Network::new(&cfg.network)?;
+        let images = crate::images::Images::new(cfg, bundler.base())
+            .map_err(|e| NativeError::ImageStore(format!("{e:#}")))?;
         let backend = NativeBackend {
             state,
             bundler: Arc::new(bundler),
@@ -159,6 +164,7 @@ impl NativeBackend {
             outputs: Arc::new(output::Outputs::default()),
             net: Arc::new(network),
             userns,
+            images: Arc::new(images),
         };
         backend.reconcile();
         // The table from the adopted sandboxes; stale veths deleted.
@@ -174,6 +180,12 @@ impl NativeBackend {
             Err(e) => warn!(error = %e, "cannot remove orphan cgroups"),
         }
         Ok(backend)
+    }
+
+    /// Starts the background pull of the default image when it is missing
+    /// (the daemon serves meanwhile; see [`crate::images`]).
+    pub fn start_image_pull(&self) {
+        self.images.start_default_pull();
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
@@ -384,6 +396,10 @@ impl Backend for NativeBackend {
         })
     }
 
+    fn image_stats(&self) -> Option<crate::images::ImageStats> {
+        Some(self.images.stats())
+    }
+
     fn network_metrics(&self) -> Option<NetworkMetrics> {
         if self.net.mode() == crate::config::NetworkMode::None {
             return None;
@@ -411,9 +427,16 @@ impl Backend for NativeBackend {
         spec: &SandboxSpec,
         health_timeout: Duration,
     ) -> Result<SandboxRecord, BackendError> {
+        // The sandbox's image first (pulled if missing; waited for at most
+        // the health timeout), then everything else on a blocking thread.
+        let image = self
+            .images
+            .resolve(spec.identity.image.as_deref(), health_timeout)
+            .await
+            .map_err(NativeError::ImageUnavailable)?;
         let b = self.clone();
         let spec = spec.clone();
-        Ok(blocking(move || b.blocking_create(&spec, health_timeout)).await?)
+        Ok(blocking(move || b.blocking_create(&spec, health_timeout, image.as_ref())).await?)
     }
 
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {

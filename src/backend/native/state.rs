@@ -53,6 +53,11 @@ pub struct SandboxState {
     /// The host ids of its user namespace (none without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub userns: Option<super::userns::UsernsRange>,
+    /// The manifest digest of the image it runs (none: the host's
+    /// userland). `image rm` and `gc` refuse to remove an image a record
+    /// names (`crate::images::image_users`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// The layout of the state directory.
@@ -187,6 +192,7 @@ mod tests {
                 uid: "u".into(),
                 workdir_path: None,
                 storage: StorageMode::Ephemeral,
+                image: None,
             },
             phase: Phase::Creating,
             pid: None,
@@ -200,6 +206,7 @@ mod tests {
             created_at: 0,
             network: None,
             userns: None,
+            image: None,
         };
         sd.save(&st).unwrap();
         assert_eq!(sd.load("a").unwrap().unwrap(), st);

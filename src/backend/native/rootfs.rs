@@ -1,0 +1,176 @@
+//! Where a sandbox's userland comes from: the one place the bundler
+//! chooses between the host's (`[native] rootfs_binds` bound read-only
+//! into the bundle's skeleton `rootfs/`) and an image's (the store's
+//! flattened, read-only root filesystem of that image as the spec's
+//! `root.path`, with no host bind at all).
+//!
+//! Everything else is the same in both modes: the generated `/etc` files
+//! bound over the image's, the agent bound in read-only, tmpfs `/tmp` and
+//! `/home/gem`, user data and skills. The image's `Env` becomes the base of
+//! the environment (the request's env and the fixed variables over it);
+//! its `User`, `Entrypoint`, `Cmd` and `WorkingDir` are ignored.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use oci_spec::runtime::{Root, Spec};
+
+use super::bundle::HostLayout;
+use crate::images::ResolvedImage;
+
+/// The base spec and host layout a bundle is built from: unchanged for the
+/// host's userland; for an image, the image's root and env, and no host
+/// rootfs binds (nor the `/usr/local` cover, which belongs to them).
+pub fn select<'a>(
+    base: &'a Spec,
+    host: &'a HostLayout,
+    image: Option<&ResolvedImage>,
+) -> (Cow<'a, Spec>, Cow<'a, HostLayout>) {
+    let Some(image) = image else {
+        return (Cow::Borrowed(base), Cow::Borrowed(host));
+    };
+    let mut base = base.clone();
+    let mut root = Root::default();
+    root.set_path(image.rootfs.clone());
+    root.set_readonly(Some(true));
+    base.set_root(Some(root));
+    if let Some(mut process) = base.process().clone() {
+        let env = image_env_over(process.env().as_deref().unwrap_or_default(), &image.env);
+        process.set_env(Some(env));
+        base.set_process(Some(process));
+    }
+    let mut host = host.clone();
+    host.rootfs_binds.clear();
+    host.hide_usr_local = false;
+    (Cow::Owned(base), Cow::Owned(host))
+}
+
+/// Checks that every mount destination of `spec` that lands in the image's
+/// rootfs (not inside an earlier mount, such as `/dev/pts` in `/dev`'s
+/// tmpfs) exists there, reached without any symlink. The store made them
+/// when it unpacked the image; one missing (the base spec gained a mount
+/// since) would make the launcher create it in the shared rootfs, joining
+/// paths on the host: refused instead, with the fix.
+pub fn check_mount_points(image: &ResolvedImage, spec: &Spec) -> Result<(), String> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let root = rustix::fs::open(
+        &image.rootfs,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        format!(
+            "image {} rootfs {}: {e}",
+            image.reference,
+            image.rootfs.display()
+        )
+    })?;
+    let mut earlier: Vec<std::path::PathBuf> = Vec::new();
+    for m in spec.mounts().iter().flatten() {
+        let dest = m.destination().clone();
+        if earlier.iter().any(|e| dest != *e && dest.starts_with(e)) {
+            continue;
+        }
+        earlier.push(dest.clone());
+        let rel = dest.strip_prefix("/").unwrap_or(&dest);
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        rustix::fs::openat2(
+            &root,
+            rel,
+            OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| {
+            format!(
+                "image {} has no plain mount point {} ({e}): it was unpacked for another mount table; \
+                 `sandboxd image rm` and pull (or import) it again",
+                image.reference,
+                dest.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// `base` (`KEY=VALUE`) with the image's variables replacing those of the
+/// same name (entries without `=` are dropped).
+fn image_env_over(base: &[String], image: &[String]) -> Vec<String> {
+    let mut vars: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for kv in base.iter().chain(image) {
+        let Some((k, v)) = kv.split_once('=') else {
+            continue;
+        };
+        if k.is_empty() {
+            continue;
+        }
+        if vars.insert(k, v).is_none() {
+            order.push(k);
+        }
+    }
+    order.iter().map(|k| format!("{k}={}", vars[k])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_must_be_plain_in_the_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        for d in ["dev", "home/gem", "etc"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("etc/passwd"), "").unwrap();
+        let image = ResolvedImage {
+            reference: "r/x:1".into(),
+            digest: sandbox_image::Digest::of(b"x"),
+            rootfs: root.clone(),
+            env: vec![],
+        };
+        let spec = |dests: &[&str]| -> Spec {
+            let mounts: Vec<serde_json::Value> = dests
+                .iter()
+                .map(|d| serde_json::json!({"destination": d, "type": "tmpfs", "source": "tmpfs"}))
+                .collect();
+            serde_json::from_value(serde_json::json!({"ociVersion": "1.0.2", "mounts": mounts}))
+                .unwrap()
+        };
+        // Inside earlier mounts (/dev/pts, user data) need not exist.
+        let ok = spec(&[
+            "/dev",
+            "/dev/pts",
+            "/home/gem",
+            "/home/gem/user-data",
+            "/etc/passwd",
+        ]);
+        check_mount_points(&image, &ok).unwrap();
+        let e = check_mount_points(&image, &spec(&["/srv"])).unwrap_err();
+        assert!(e.contains("no plain mount point /srv"), "{e}");
+        std::os::unix::fs::symlink("/etc", root.join("etc2")).unwrap();
+        let e = check_mount_points(&image, &spec(&["/etc2/passwd"])).unwrap_err();
+        assert!(e.contains("/etc2/passwd"), "{e}");
+    }
+
+    #[test]
+    fn image_env_replaces_base() {
+        let base = vec!["PATH=/usr/bin".to_string(), "LANG=C.UTF-8".to_string()];
+        let image = vec![
+            "PATH=/opt/py/bin:/usr/bin".to_string(),
+            "PYTHON_VERSION=3.12".to_string(),
+            "junk".to_string(),
+        ];
+        assert_eq!(
+            image_env_over(&base, &image),
+            vec![
+                "PATH=/opt/py/bin:/usr/bin",
+                "LANG=C.UTF-8",
+                "PYTHON_VERSION=3.12"
+            ]
+        );
+    }
+}
