@@ -1,10 +1,13 @@
 //! Create/delete benchmark (run with `bash bench/create.sh`, as root).
 //!
-//! In one run: create-to-ready latency (POST /api/sandboxes returns 200 with
-//! the agent answering) and delete latency of N native sandboxes through the
-//! real daemon, then `runc run` (and `crun run` where it works) of the
-//! identical bundle, timed until its agent answers `GET /v1/sandbox`. Writes
-//! the figures into docs/performance.md between the CREATE markers.
+//! In one run, for each network mode (`egress`, the default, and `none`):
+//! create-to-ready latency (POST /api/sandboxes returns 200 with the agent
+//! answering) of N native sandboxes through the real daemon, each create
+//! followed by a `runc run` of the identical bundle timed until its agent
+//! answers `GET /v1/sandbox` (interleaved, so both see the same load on a
+//! shared machine), then the deletes. Writes the figures into
+//! docs/performance.md between the CREATE markers (not with
+//! `BENCH_NO_WRITE=1`).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -52,22 +55,37 @@ impl Drop for Daemon {
     }
 }
 
-fn start_daemon(root: &Path) -> Daemon {
+/// The bench's own nft table, link prefix and subnet, so that it never
+/// meets another daemon's (or a test's) on the same host.
+const NET_ENV: [(&str, &str); 3] = [
+    ("SANDBOXD_NETWORK_TABLE", "sandboxd_bench"),
+    ("SANDBOXD_NETWORK_LINK_PREFIX", "sbxbn-"),
+    ("SANDBOXD_NETWORK_SUBNET", "10.252.0.0/16"),
+];
+
+fn start_daemon(root: &Path, network: &str) -> Daemon {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let child = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+    // BENCH_SANDBOXD: another build of the daemon (with its sandbox-init
+    // and agent next to it), to compare two builds with the same bench.
+    let exe = std::env::var_os("BENCH_SANDBOXD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")));
+    let child = Command::new(exe)
         .args(["serve", "--listen", &addr, "--state-dir"])
-        .arg(root.join("state"))
+        .arg(root.join(format!("state-{network}")))
         .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
         .env("PROVISIONER_BACKEND", "native")
         .env("SANDBOXD_USER_DATA_ROOT", root.join("ud"))
         .env("SANDBOXD_SKILLS_ROOT", root.join("sk"))
         .env("SANDBOXD_CGROUP_PARENT", "sandboxd-bench")
         .env("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true")
+        .env("SANDBOXD_NETWORK", network)
+        .envs(NET_ENV)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -81,13 +99,14 @@ fn start_daemon(root: &Path) -> Daemon {
     Daemon { child, addr }
 }
 
-/// Times `runtime run -d` of `bundle` until the agent answers.
+/// Times `runtime run -d` of `bundle` until the agent answers, then
+/// `runtime delete --force`.
 fn time_runtime(
     runtime: &str,
     bundle: &Path,
     name: &str,
     rt: &tokio::runtime::Runtime,
-) -> Result<f64, String> {
+) -> Result<(f64, f64), String> {
     let root = bundle.parent().unwrap().join(format!("{runtime}-root"));
     let pidfile = bundle.parent().unwrap().join(format!("{name}.pid"));
     // The container inherits the runtime's stdio: point it at a file, or
@@ -152,12 +171,101 @@ fn time_runtime(
         }
     });
     let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+    let t = Instant::now();
     cleanup();
+    let deleted = t.elapsed().as_secs_f64() * 1000.0;
     if answered {
-        Ok(elapsed)
+        Ok((elapsed, deleted))
     } else {
         Err(format!("{runtime}: agent never answered"))
     }
+}
+
+/// p50 and p95 of `v`.
+fn p50_95(v: &mut [f64]) -> (f64, f64) {
+    (pct(v, 0.5), pct(v, 0.95))
+}
+
+/// One run of a network mode: sandboxd creates interleaved with `runc run`
+/// of the identical bundle (so both see the same machine load), then the
+/// deletes. Returns the table rows.
+fn run_mode(
+    root: &Path,
+    network: &str,
+    n: usize,
+    bundle: &Path,
+    rt: &tokio::runtime::Runtime,
+    runc: bool,
+) -> Vec<String> {
+    let d = start_daemon(root, network);
+    // Warm-up (page cache, binaries).
+    let (s, out) = http(
+        &d.addr,
+        "POST",
+        "/api/sandboxes",
+        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
+    );
+    assert_eq!(s, 200, "warm-up create failed: {out}");
+    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
+    if runc {
+        let _ = time_runtime("runc", bundle, &format!("bench-runc-{network}-warm"), rt);
+    }
+    let (mut create, mut delete, mut rc, mut rd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut runc_err = None;
+    for i in 0..n {
+        let body = format!(r#"{{"sandbox_id":"b{i}","thread_id":"t","uid":"bench"}}"#);
+        let t = Instant::now();
+        let (s, out) = http(&d.addr, "POST", "/api/sandboxes", &body);
+        assert_eq!(s, 200, "{out}");
+        create.push(t.elapsed().as_secs_f64() * 1000.0);
+        if runc && runc_err.is_none() {
+            match time_runtime("runc", bundle, &format!("bench-runc-{network}-{i}"), rt) {
+                Ok((c, del)) => {
+                    rc.push(c);
+                    rd.push(del);
+                }
+                Err(e) => runc_err = Some(e),
+            }
+        }
+    }
+    for i in 0..n {
+        let t = Instant::now();
+        let (s, _) = http(&d.addr, "DELETE", &format!("/api/sandboxes/b{i}"), "");
+        assert_eq!(s, 200);
+        delete.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    drop(d);
+    let ((c50, c95), (d50, d95)) = (p50_95(&mut create), p50_95(&mut delete));
+    println!("[{network}] sandboxd create-to-ready: p50 {c50:.1} ms p95 {c95:.1} ms; delete p50 {d50:.1} ms p95 {d95:.1} ms (n={n})");
+    let mut rows = vec![format!(
+        "| `{network}` | sandboxd create-to-ready (POST until 200, agent answering) | {c50:.1} | {c95:.1} | {d50:.1} / {d95:.1} |"
+    )];
+    if !runc {
+        return rows;
+    }
+    match runc_err {
+        None => {
+            let ((r50, r95), (q50, q95)) = (p50_95(&mut rc), p50_95(&mut rd));
+            println!("[{network}] runc run: p50 {r50:.1} ms p95 {r95:.1} ms; delete p50 {q50:.1} ms (n={}); sandboxd/runc p50 {:.2}", rc.len(), c50 / r50);
+            rows.push(format!(
+                "| `{network}` | `runc run` of the same bundle, interleaved ({} runs; no network set up) | {r50:.1} | {r95:.1} | {q50:.1} / {q95:.1} |",
+                rc.len()
+            ));
+            rows.push(format!(
+                "| `{network}` | **sandboxd / runc, p50** | **{:.2}** | | {:.2} |",
+                c50 / r50,
+                d50 / q50
+            ));
+        }
+        Some(e) => {
+            println!("[{network}] runc: {e}");
+            rows.push(format!(
+                "| `{network}` | `runc run` | failed: {} | | |",
+                e.replace('|', "/").chars().take(120).collect::<String>()
+            ));
+        }
+    }
+    rows
 }
 
 fn main() {
@@ -168,38 +276,11 @@ fn main() {
     let n: usize = std::env::var("BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or(30);
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let d = start_daemon(root);
-    // Warm-up (page cache, binaries).
-    let (s, _) = http(
-        &d.addr,
-        "POST",
-        "/api/sandboxes",
-        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
-    );
-    assert_eq!(s, 200, "warm-up create failed");
-    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
-
-    let mut create = Vec::new();
-    let mut delete = Vec::new();
-    for i in 0..n {
-        let body = format!(r#"{{"sandbox_id":"b{i}","thread_id":"t","uid":"bench"}}"#);
-        let t = Instant::now();
-        let (s, out) = http(&d.addr, "POST", "/api/sandboxes", &body);
-        assert_eq!(s, 200, "{out}");
-        create.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    for i in 0..n {
-        let t = Instant::now();
-        let (s, _) = http(&d.addr, "DELETE", &format!("/api/sandboxes/b{i}"), "");
-        assert_eq!(s, 200);
-        delete.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    drop(d);
-
-    // The identical bundle under runc / crun.
+    // The bundle runc runs: what the daemon would launch for the same
+    // request.
     let cfg = root.join("bundle.toml");
     std::fs::write(
         &cfg,
@@ -227,59 +308,26 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut others = Vec::new();
-    for runtime in ["runc", "crun"] {
-        if Command::new(runtime).arg("--version").output().is_err() {
-            others.push(format!("| `{runtime} run` | not installed | | |"));
-            continue;
-        }
-        let mut times = Vec::new();
-        let mut err = None;
-        for i in 0..n.min(20) {
-            match time_runtime(runtime, &bundle, &format!("bench-{runtime}-{i}"), &rt) {
-                Ok(ms) => times.push(ms),
-                Err(e) => {
-                    err = Some(e);
-                    break;
-                }
-            }
-        }
-        match err {
-            None => {
-                let (p50, p95) = (pct(&mut times, 0.5), pct(&mut times, 0.95));
-                println!(
-                    "{runtime}: p50 {p50:.1} ms p95 {p95:.1} ms over {}",
-                    times.len()
-                );
-                others.push(format!(
-                    "| `{runtime} run` of the same bundle ({} runs) | {p50:.1} | {p95:.1} | |",
-                    times.len()
-                ));
-            }
-            Some(e) => {
-                println!("{runtime}: {e}");
-                others.push(format!(
-                    "| `{runtime} run` | failed: {} | | |",
-                    e.replace('|', "/").chars().take(120).collect::<String>()
-                ));
-            }
-        }
+    let runc = Command::new("runc").arg("--version").output().is_ok();
+    let mut rows = Vec::new();
+    for network in ["egress", "none"] {
+        rows.extend(run_mode(root, network, n, &bundle, &rt, runc));
     }
-
-    let (c50, c95) = (pct(&mut create, 0.5), pct(&mut create, 0.95));
-    let (d50, d95) = (pct(&mut delete, 0.5), pct(&mut delete, 0.95));
-    println!("sandboxd create-to-ready: p50 {c50:.1} ms p95 {c95:.1} ms; delete p50 {d50:.1} ms p95 {d95:.1} ms (n={n})");
+    if !runc {
+        rows.push("| | `runc run` | not installed | | |".into());
+    }
     let section = format!(
         "<!-- CREATE:BEGIN (written by bench/create.sh) -->\n\
-Measured {} on {} cores ({}), release build, {n} sandboxes created one after another then deleted;\n\
-runtimes timed from `run --detach` until the agent answers `GET /v1/sandbox` in the container's netns.\n\n\
-| what | p50 ms | p95 ms | delete p50 / p95 ms |\n|---|---|---|---|\n\
-| sandboxd create-to-ready (POST until 200, agent answering) | {c50:.1} | {c95:.1} | {d50:.1} / {d95:.1} |\n{}\n\n\
-Goal: p50 create-to-ready no slower than runc on the same bundle, under 30 ms.\n<!-- CREATE:END -->",
+Measured {} on {} cores ({}), release build, `bash bench/create.sh` (BENCH_N={n}): per network mode one daemon with the\n\
+default configuration (its own nft table and subnet); {n} sandboxes created one after another through the API, each\n\
+followed by a `runc run --detach` of the identical bundle (timed until its agent answers `GET /v1/sandbox` in the\n\
+container's netns, then `runc delete --force`, timed), then the {n} sandboxes deleted through the API.\n\n\
+| network | what | p50 ms | p95 ms | delete p50 / p95 ms |\n|---|---|---|---|---|\n{}\n\n\
+Goal: p50 create-to-ready ≤ 1.0 × `runc run` p50 in the same run, then ≤ 10 ms.\n<!-- CREATE:END -->",
         chrono_date(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        others.join("\n")
+        rows.join("\n")
     );
     let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
     let text = std::fs::read_to_string(&doc).unwrap_or_default();
@@ -296,8 +344,10 @@ Goal: p50 create-to-ready no slower than runc on the same bundle, under 30 ms.\n
         section,
         &text[b + "<!-- CREATE:END -->".len()..]
     );
-    std::fs::write(&doc, new).unwrap();
-    println!("wrote {}", doc.display());
+    if std::env::var_os("BENCH_NO_WRITE").is_none() {
+        std::fs::write(&doc, new).unwrap();
+        println!("wrote {}", doc.display());
+    }
     // The daemon removed its sandboxes' cgroups; the parent goes too.
     for c in std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()

@@ -91,17 +91,21 @@ impl NativeBackend {
             phase: Phase::Creating,
             pid: None,
             start_time: None,
-            cgroup: None,
+            // Known before it exists: recorded in the one durable write.
+            cgroup: Some(self.cgroups.relative_path(id).display().to_string()),
             resources: spec.resources,
             created_at: unix_now(),
             network: None,
         };
         let mut made = CreateGuard::new(self, id);
+        // The one durable record, before anything is made: whatever a
+        // crash leaves from here on is found through it (the cgroup by
+        // id). Later updates are not fsync'd: after a daemon crash the
+        // page cache has them; after a host crash no sandbox process is
+        // left and this record is enough to clean up.
         self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterState);
         let cgroup = self.cgroups.create(id, &spec.resources)?;
-        st.cgroup = Some(self.cgroups.relative_path(id).display().to_string());
-        self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterCgroup);
         let bundle_dir = self.state.bundle_dir(id);
         self.bundler
@@ -137,7 +141,7 @@ impl NativeBackend {
                 if let Some(h) = &made.handle {
                     st.pid = Some(pid);
                     st.start_time = Some(h.start_time);
-                    if let Err(e) = self.state.save(&st) {
+                    if let Err(e) = self.state.update(&st) {
                         save_err = Some(e);
                     }
                     failpoint::hit(Point::CreateAfterPid);
@@ -172,7 +176,7 @@ impl NativeBackend {
         st.phase = Phase::Running;
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
-        self.state.save(&st)?;
+        self.state.update(&st)?;
         failpoint::hit(Point::CreateAfterRunning);
         made.commit();
         self.outputs.start(id, out, out_r);

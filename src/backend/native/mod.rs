@@ -209,7 +209,7 @@ impl NativeBackend {
                 let _teardown = l.teardown.lock().unwrap_or_else(|e| e.into_inner());
                 if let Ok(Some(mut st)) = self.state.load(id) {
                     st.phase = Phase::Deleting;
-                    let _ = self.state.save(&st);
+                    let _ = self.state.update(&st);
                 }
                 failpoint::hit(Point::DeleteAfterState);
                 self.destroy(id, Some(&l.handle));
@@ -432,6 +432,11 @@ impl Backend for NativeBackend {
         let b = self.clone();
         let (id, g) = (sandbox_id.to_string(), generation.to_string());
         Ok(blocking(move || b.blocking_delete(&id, &g)).await?)
+    }
+
+    async fn settle(&self) {
+        let net = self.net.clone();
+        let _ = tokio::task::spawn_blocking(move || net.flush()).await;
     }
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
