@@ -268,6 +268,99 @@ fn run_mode(
     rows
 }
 
+/// Latencies (ms) and statuses of `reqs` sent all at once, one thread
+/// each; and the wall time of the whole batch.
+fn batch(addr: &str, reqs: Vec<(&'static str, String, String)>) -> (Vec<f64>, Vec<u16>, f64) {
+    let start = Instant::now();
+    let handles: Vec<_> = reqs
+        .into_iter()
+        .map(|(method, path, body)| {
+            let addr = addr.to_string();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let (s, _) = http(&addr, method, &path, &body);
+                (t.elapsed().as_secs_f64() * 1000.0, s)
+            })
+        })
+        .collect();
+    let (lat, st): (Vec<f64>, Vec<u16>) = handles.into_iter().map(|h| h.join().unwrap()).unzip();
+    (lat, st, start.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// N creates then N deletes, one after another, then N concurrent creates
+/// and N concurrent deletes, against one daemon (default config): total
+/// time, p50 and p95 per request, errors. Returns the table rows.
+fn run_concurrency(root: &Path, n: usize) -> Vec<String> {
+    let d = start_daemon(root, "egress");
+    let (s, out) = http(
+        &d.addr,
+        "POST",
+        "/api/sandboxes",
+        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
+    );
+    assert_eq!(s, 200, "warm-up create failed: {out}");
+    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
+    let create = |p: &str, i: usize| {
+        (
+            "POST",
+            "/api/sandboxes".to_string(),
+            format!(r#"{{"sandbox_id":"{p}{i}","thread_id":"t","uid":"bench{i}"}}"#),
+        )
+    };
+    let delete = |p: &str, i: usize| ("DELETE", format!("/api/sandboxes/{p}{i}"), String::new());
+    let mut rows = Vec::new();
+    let mut row = |what: &str, lat: &mut Vec<f64>, st: &[u16], total: f64| {
+        let errors = st.iter().filter(|s| **s != 200).count();
+        let (p50, p95) = p50_95(lat);
+        println!("[concurrency] {what}: total {total:.0} ms, p50 {p50:.1} ms, p95 {p95:.1} ms, errors {errors}/{n}");
+        rows.push(format!(
+            "| {what} | {total:.0} | {p50:.1} | {p95:.1} | {errors} |"
+        ));
+    };
+    // One after another.
+    for (kind, p) in [("create", "s"), ("delete", "s")] {
+        let (mut lat, mut st) = (Vec::new(), Vec::new());
+        let start = Instant::now();
+        for i in 0..n {
+            let (m, path, body) = if kind == "create" {
+                create(p, i)
+            } else {
+                delete(p, i)
+            };
+            let t = Instant::now();
+            st.push(http(&d.addr, m, &path, &body).0);
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let total = start.elapsed().as_secs_f64() * 1000.0;
+        row(&format!("{n} {kind}s, sequential"), &mut lat, &st, total);
+    }
+    // All at once.
+    let (mut lat, st, total) = batch(&d.addr, (0..n).map(|i| create("c", i)).collect());
+    row(&format!("{n} creates, concurrent"), &mut lat, &st, total);
+    let (mut lat, st, total) = batch(&d.addr, (0..n).map(|i| delete("c", i)).collect());
+    row(&format!("{n} deletes, concurrent"), &mut lat, &st, total);
+    drop(d);
+    rows
+}
+
+/// Replaces the text between `<!-- {name}:BEGIN` and `<!-- {name}:END -->`
+/// in docs/performance.md (unless `BENCH_NO_WRITE` is set).
+fn write_section(name: &str, section: &str) {
+    if std::env::var_os("BENCH_NO_WRITE").is_some() {
+        return;
+    }
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
+    let text = std::fs::read_to_string(&doc).unwrap_or_default();
+    let (begin, end) = (format!("<!-- {name}:BEGIN"), format!("<!-- {name}:END -->"));
+    let (Some(a), Some(b)) = (text.find(&begin), text.find(&end)) else {
+        eprintln!("docs/performance.md lacks the {name} markers");
+        std::process::exit(1);
+    };
+    let new = format!("{}{}{}", &text[..a], section, &text[b + end.len()..]);
+    std::fs::write(&doc, new).unwrap();
+    println!("wrote the {name} section of {}", doc.display());
+}
+
 fn main() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("bench/create needs root");
@@ -308,10 +401,46 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "create" {
+        run_create(root, n, &bundle, &rt);
+    }
+    if only.is_empty() || only == "concurrency" {
+        let c: usize = std::env::var("BENCH_CONCURRENCY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20);
+        let rows = run_concurrency(root, c);
+        let section = format!(
+            "<!-- CONCURRENCY:BEGIN (written by bench/create.sh) -->\n\
+Measured {} on {} cores ({}), release build, `BENCH_ONLY=concurrency bash bench/create.sh` (BENCH_CONCURRENCY={c}):\n\
+one daemon with the default configuration (egress networking); {c} creates (distinct ids and users) then {c}\n\
+deletes one after another, then {c} creates sent at once (one connection each) and {c} deletes sent at once.\n\n\
+| what | total ms | p50 ms | p95 ms | errors |\n|---|---|---|---|---|\n{}\n\n\
+Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY:END -->",
+            chrono_date(),
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            rows.join("\n")
+        );
+        write_section("CONCURRENCY", &section);
+    }
+    // The daemon removed its sandboxes' cgroups; the parent goes too.
+    for c in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::remove_dir(c.path().join("sandboxd-bench"));
+    }
+}
+
+/// Both network modes against `runc run`; writes the CREATE section.
+fn run_create(root: &Path, n: usize, bundle: &Path, rt: &tokio::runtime::Runtime) {
     let runc = Command::new("runc").arg("--version").output().is_ok();
     let mut rows = Vec::new();
     for network in ["egress", "none"] {
-        rows.extend(run_mode(root, network, n, &bundle, &rt, runc));
+        rows.extend(run_mode(root, network, n, bundle, rt, runc));
     }
     if !runc {
         rows.push("| | `runc run` | not installed | | |".into());
@@ -329,33 +458,7 @@ Goal: p50 create-to-ready ≤ 1.0 × `runc run` p50 in the same run, then ≤ 10
         std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         rows.join("\n")
     );
-    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
-    let text = std::fs::read_to_string(&doc).unwrap_or_default();
-    let (Some(a), Some(b)) = (
-        text.find("<!-- CREATE:BEGIN"),
-        text.find("<!-- CREATE:END -->"),
-    ) else {
-        eprintln!("docs/performance.md lacks the CREATE markers");
-        std::process::exit(1);
-    };
-    let new = format!(
-        "{}{}{}",
-        &text[..a],
-        section,
-        &text[b + "<!-- CREATE:END -->".len()..]
-    );
-    if std::env::var_os("BENCH_NO_WRITE").is_none() {
-        std::fs::write(&doc, new).unwrap();
-        println!("wrote {}", doc.display());
-    }
-    // The daemon removed its sandboxes' cgroups; the parent goes too.
-    for c in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let _ = std::fs::remove_dir(c.path().join("sandboxd-bench"));
-    }
+    write_section("CREATE", &section);
 }
 
 fn chrono_date() -> String {
