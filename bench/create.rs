@@ -343,6 +343,166 @@ fn run_concurrency(root: &Path, n: usize) -> Vec<String> {
     rows
 }
 
+/// `VmRSS` of `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pid` in clock ticks (every thread, children not).
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat; `rest` starts at field 3.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// p50 (ms) of `k` requests.
+fn timed(addr: &str, method: &str, path: &str, k: usize) -> f64 {
+    let mut v: Vec<f64> = (0..k)
+        .map(|_| {
+            let t = Instant::now();
+            let (s, _) = http(addr, method, path, "");
+            assert_eq!(s, 200, "{method} {path}");
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    pct(&mut v, 0.5)
+}
+
+/// `n` idle sandboxes on one daemon (default config): create latency at 1
+/// and at `n` live, list and discover latency at 1 and `n` live, daemon and
+/// agent memory, CPU of the idle sandboxes (and the daemon) over `idle`,
+/// and the time to delete them all. Returns the table rows.
+fn run_density(root: &Path, n: usize, idle: Duration) -> Vec<String> {
+    let d = start_daemon(root, "egress");
+    let daemon_pid = d.child.id();
+    let create = |i: usize| {
+        let body = format!(
+            r#"{{"sandbox_id":"d{i}","thread_id":"t","uid":"bench{}"}}"#,
+            i % 50
+        );
+        let t = Instant::now();
+        let (s, out) = http(&d.addr, "POST", "/api/sandboxes", &body);
+        assert_eq!(s, 200, "create d{i}: {out}");
+        t.elapsed().as_secs_f64() * 1000.0
+    };
+    let mut rows = Vec::new();
+    let mut first = vec![create(0)];
+    let list1 = timed(&d.addr, "GET", "/api/sandboxes", 20);
+    let disc1 = timed(&d.addr, "GET", "/api/sandboxes/d0", 20);
+    let rss1 = rss_kib(daemon_pid);
+    first.extend((1..10.min(n)).map(create));
+    let started = Instant::now();
+    let mut last = Vec::new();
+    for i in 10..n {
+        let ms = create(i);
+        if i + 10 >= n {
+            last.push(ms);
+        }
+        if i % 100 == 0 {
+            println!(
+                "[density] {i} live, {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let (c1, cn) = (pct(&mut first, 0.5), pct(&mut last, 0.5));
+    println!(
+        "[density] create p50 with 1–10 live {c1:.1} ms, with {}–{n} live {cn:.1} ms",
+        n - 10
+    );
+    let listn = timed(&d.addr, "GET", "/api/sandboxes", 20);
+    let discn = timed(&d.addr, "GET", &format!("/api/sandboxes/d{}", n / 2), 20);
+    // The agents: PID 1 of each sandbox, from the state directory.
+    let state = root.join("state-egress").join("sandboxes");
+    let agents: Vec<u32> = (0..n)
+        .filter_map(|i| {
+            let b = std::fs::read(state.join(format!("d{i}")).join("state.json")).ok()?;
+            let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+            v["pid"].as_u64().map(|p| p as u32)
+        })
+        .collect();
+    assert_eq!(agents.len(), n, "PID 1 of every sandbox");
+    let mut agent_rss: Vec<f64> = agents.iter().map(|p| rss_kib(*p) as f64).collect();
+    let rssn = rss_kib(daemon_pid);
+    let ticks = |pids: &[u32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+    let (a0, d0) = (ticks(&agents), cpu_ticks(daemon_pid));
+    std::thread::sleep(idle);
+    let (a1, d1) = (ticks(&agents), cpu_ticks(daemon_pid));
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let agent_cpu_ms = (a1 - a0) as f64 * 1000.0 / hz;
+    let daemon_cpu_ms = (d1 - d0) as f64 * 1000.0 / hz;
+    // Delete them all, 8 at a time.
+    let t = Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        for _ in 0..8 {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= n {
+                    break;
+                }
+                let (s, _) = http(&d.addr, "DELETE", &format!("/api/sandboxes/d{i}"), "");
+                assert_eq!(s, 200, "delete d{i}");
+            });
+        }
+    });
+    let deleted_s = t.elapsed().as_secs_f64();
+    drop(d);
+    let (ar50, armax) = (pct(&mut agent_rss, 0.5), pct(&mut agent_rss, 1.0));
+    let idle_s = idle.as_secs();
+    for (what, v) in [
+        (
+            format!("create p50, 1–10 live → {}–{n} live (ms)", n - 10),
+            format!("{c1:.1} → {cn:.1} ({:.2}×)", cn / c1),
+        ),
+        (
+            format!("list p50, 1 → {n} live (ms)"),
+            format!("{list1:.2} → {listn:.2}"),
+        ),
+        (
+            format!("discover p50, 1 → {n} live (ms)"),
+            format!("{disc1:.2} → {discn:.2}"),
+        ),
+        (
+            format!("daemon RSS, 1 → {n} live (MiB)"),
+            format!("{:.1} → {:.1}", rss1 as f64 / 1024.0, rssn as f64 / 1024.0),
+        ),
+        (
+            "agent RSS p50 / max (MiB)".to_string(),
+            format!("{:.2} / {:.2}", ar50 / 1024.0, armax / 1024.0),
+        ),
+        (
+            format!("CPU of all {n} idle agents over {idle_s} s (ms)"),
+            format!("{agent_cpu_ms:.0}"),
+        ),
+        (
+            format!("CPU of the daemon over the same {idle_s} s (ms)"),
+            format!("{daemon_cpu_ms:.0}"),
+        ),
+        (
+            format!("delete all {n} (8 at a time, s)"),
+            format!("{deleted_s:.1}"),
+        ),
+    ] {
+        println!("[density] {what}: {v}");
+        rows.push(format!("| {what} | {v} |"));
+    }
+    rows
+}
+
 /// Replaces the text between `<!-- {name}:BEGIN` and `<!-- {name}:END -->`
 /// in docs/performance.md (unless `BENCH_NO_WRITE` is set).
 fn write_section(name: &str, section: &str) {
@@ -404,6 +564,36 @@ fn main() {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     if only.is_empty() || only == "create" {
         run_create(root, n, &bundle, &rt);
+    }
+    if only == "density" {
+        let n: usize = std::env::var("BENCH_DENSITY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(500);
+        let idle: u64 = std::env::var("BENCH_IDLE_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60);
+        let rows = run_density(root, n, Duration::from_secs(idle));
+        let section = format!(
+            "<!-- DENSITY:BEGIN (written by bench/density.sh) -->\n\
+Measured {} on {} cores ({}, {} GiB), release build, `bash bench/density.sh` (BENCH_DENSITY={n},\n\
+BENCH_IDLE_SECONDS={idle}): one daemon with the default configuration (egress networking, default limits); {n}\n\
+sandboxes created one after another (50 users), left idle, then deleted 8 at a time.\n\n\
+| what | value |\n|---|---|\n{}\n\n\
+Goals: daemon RSS ≤ 50 MiB, agent RSS ≤ 5 MiB each, no CPU used by idle sandboxes, create p50 at {n} live ≤ 1.5 × at\n\
+1 live, list/discover flat, all deleted within 60 s.\n<!-- DENSITY:END -->",
+            chrono_date(),
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .map(|k| k / (1024 * 1024))
+                .unwrap_or(0),
+            rows.join("\n")
+        );
+        write_section("DENSITY", &section);
     }
     if only.is_empty() || only == "concurrency" {
         let c: usize = std::env::var("BENCH_CONCURRENCY")

@@ -128,6 +128,7 @@ impl NativeBackend {
         // can reap them (the host's PID 1 may not).
         nix::sys::prctl::set_child_subreaper(true).map_err(NativeError::Subreaper)?;
         host::tune(Path::new(host::INOTIFY_INSTANCES));
+        host::raise_nofile();
         let network = net::Network::new(&cfg.network)?;
         let backend = NativeBackend {
             state,
