@@ -226,16 +226,15 @@ impl Netlink {
                 };
                 match add().await {
                     Err(e) if is_exists(&e) => {
-                        if let Some(i) = index_of(&h, &host_if).await? {
+                        if let Some(i) = if_index(&host_if) {
                             h.link().del(i).execute().await?;
                         }
                         add().await?;
                     }
                     r => r?,
                 }
-                let host = index_of(&h, &host_if)
-                    .await?
-                    .ok_or_else(|| LinkError::NotFound(host_if.clone()))?;
+                let host =
+                    if_index(&host_if).ok_or_else(|| LinkError::NotFound(host_if.clone()))?;
                 add_p2p_addr(&h, host, host_addr).await?;
                 Ok::<_, LinkError>(())
             })?;
@@ -244,20 +243,19 @@ impl Netlink {
                 let _g = ctx.rt.enter();
                 setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(LinkError::Enter)?;
                 let made = rtnetlink::new_connection();
+                let eth0 = if_index(SANDBOX_IF);
                 if let Err(e) = setns(ctx.home.as_fd(), CloneFlags::CLONE_NEWNET) {
                     // Stuck in a sandbox namespace: this thread must not
                     // serve anything else.
                     tracing::error!(error = %e, "netlink thread cannot return to its namespace; aborting");
                     std::process::abort();
                 }
-                made.map_err(LinkError::Socket)?
+                (made.map_err(LinkError::Socket)?, eth0)
             };
-            let (conn, sh, _) = inner;
+            let ((conn, sh, _), eth0) = inner;
             let task = ctx.rt.spawn(conn);
             let r = ctx.rt.block_on(async {
-                let i = index_of(&sh, SANDBOX_IF)
-                    .await?
-                    .ok_or_else(|| LinkError::NotFound(SANDBOX_IF.into()))?;
+                let i = eth0.ok_or_else(|| LinkError::NotFound(SANDBOX_IF.into()))?;
                 add_p2p_addr(&sh, i, sandbox_addr).await?;
                 sh.link().set(i).up().execute().await?;
                 sh.route()
@@ -280,7 +278,7 @@ impl Netlink {
 fn delete_in(ctx: &mut Ctx, name: &str) -> Result<(), LinkError> {
     let h = ctx.host.clone();
     ctx.rt.block_on(async move {
-        match index_of(&h, name).await? {
+        match if_index(name) {
             Some(i) => match h.clone().link().del(i).execute().await {
                 Ok(()) => Ok(()),
                 Err(e) if is_no_device(&e) => Ok(()),
@@ -307,14 +305,15 @@ async fn add_p2p_addr(h: &Handle, index: u32, addr: Ipv4Addr) -> Result<(), Link
     Ok(())
 }
 
-async fn index_of(h: &Handle, name: &str) -> Result<Option<u32>, LinkError> {
-    let mut s = h.link().get().match_name(name.to_string()).execute();
-    match s.try_next().await {
-        Ok(Some(m)) => Ok(Some(m.header.index)),
-        Ok(None) => Ok(None),
-        Err(e) if is_no_device(&e) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+/// The index of link `name` in the calling thread's network namespace
+/// (`if_nametoindex`, an ioctl: no link dump to parse, whose IPv6 attributes
+/// this kernel makes netlink-packet-route warn about on every parse).
+fn if_index(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call;
+    // if_nametoindex only reads it.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
 }
 
 fn is_exists(e: &rtnetlink::Error) -> bool {
