@@ -416,15 +416,16 @@ impl Backend for NativeBackend {
     async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
         let mut r = record.clone();
         r.status = self.status(record).await;
-        if let Some(l) = self.live().get(&record.sandbox_id) {
-            if l.record.generation == record.generation {
-                // Read at exit, before the cgroup went; else the live count.
-                let oom = l.record.oom_killed == Some(true)
-                    || l.cgroup.as_ref().is_some_and(|cg| cg.oom_kills() > 0);
-                if oom {
-                    r.oom_killed = Some(true);
-                }
+        // Read at exit, before the cgroup went; else the live count (read
+        // after the table's lock is released: it is a file read).
+        let (recorded, cgroup) = match self.live().get(&record.sandbox_id) {
+            Some(l) if l.record.generation == record.generation => {
+                (l.record.oom_killed == Some(true), l.cgroup.clone())
             }
+            _ => return r,
+        };
+        if recorded || cgroup.is_some_and(|cg| cg.oom_kills() > 0) {
+            r.oom_killed = Some(true);
         }
         r
     }
