@@ -615,6 +615,11 @@ Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY
         );
         write_section("CONCURRENCY", &section);
     }
+    // The daemon leaves its nft table (a restart rebuilds it): the bench's
+    // goes.
+    let _ = Command::new("nft")
+        .args(["delete", "table", "inet", NET_ENV[0].1])
+        .output();
     // The daemon removed its sandboxes' cgroups; the parent goes too.
     for c in std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()
