@@ -1,10 +1,13 @@
 //! Create/delete benchmark (run with `bash bench/create.sh`, as root).
 //!
-//! In one run: create-to-ready latency (POST /api/sandboxes returns 200 with
-//! the agent answering) and delete latency of N native sandboxes through the
-//! real daemon, then `runc run` (and `crun run` where it works) of the
-//! identical bundle, timed until its agent answers `GET /v1/sandbox`. Writes
-//! the figures into docs/performance.md between the CREATE markers.
+//! In one run, for each network mode (`egress`, the default, and `none`):
+//! create-to-ready latency (POST /api/sandboxes returns 200 with the agent
+//! answering) of N native sandboxes through the real daemon, each create
+//! followed by a `runc run` of the identical bundle timed until its agent
+//! answers `GET /v1/sandbox` (interleaved, so both see the same load on a
+//! shared machine), then the deletes. Writes the figures into
+//! docs/performance.md between the CREATE markers (not with
+//! `BENCH_NO_WRITE=1`).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -52,22 +55,37 @@ impl Drop for Daemon {
     }
 }
 
-fn start_daemon(root: &Path) -> Daemon {
+/// The bench's own nft table, link prefix and subnet, so that it never
+/// meets another daemon's (or a test's) on the same host.
+const NET_ENV: [(&str, &str); 3] = [
+    ("SANDBOXD_NETWORK_TABLE", "sandboxd_bench"),
+    ("SANDBOXD_NETWORK_LINK_PREFIX", "sbxbn-"),
+    ("SANDBOXD_NETWORK_SUBNET", "10.252.0.0/16"),
+];
+
+fn start_daemon(root: &Path, network: &str) -> Daemon {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let child = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+    // BENCH_SANDBOXD: another build of the daemon (with its sandbox-init
+    // and agent next to it), to compare two builds with the same bench.
+    let exe = std::env::var_os("BENCH_SANDBOXD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")));
+    let child = Command::new(exe)
         .args(["serve", "--listen", &addr, "--state-dir"])
-        .arg(root.join("state"))
+        .arg(root.join(format!("state-{network}")))
         .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
         .env("PROVISIONER_BACKEND", "native")
         .env("SANDBOXD_USER_DATA_ROOT", root.join("ud"))
         .env("SANDBOXD_SKILLS_ROOT", root.join("sk"))
         .env("SANDBOXD_CGROUP_PARENT", "sandboxd-bench")
         .env("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true")
+        .env("SANDBOXD_NETWORK", network)
+        .envs(NET_ENV)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -81,13 +99,14 @@ fn start_daemon(root: &Path) -> Daemon {
     Daemon { child, addr }
 }
 
-/// Times `runtime run -d` of `bundle` until the agent answers.
+/// Times `runtime run -d` of `bundle` until the agent answers, then
+/// `runtime delete --force`.
 fn time_runtime(
     runtime: &str,
     bundle: &Path,
     name: &str,
     rt: &tokio::runtime::Runtime,
-) -> Result<f64, String> {
+) -> Result<(f64, f64), String> {
     let root = bundle.parent().unwrap().join(format!("{runtime}-root"));
     let pidfile = bundle.parent().unwrap().join(format!("{name}.pid"));
     // The container inherits the runtime's stdio: point it at a file, or
@@ -152,12 +171,354 @@ fn time_runtime(
         }
     });
     let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+    let t = Instant::now();
     cleanup();
+    let deleted = t.elapsed().as_secs_f64() * 1000.0;
     if answered {
-        Ok(elapsed)
+        Ok((elapsed, deleted))
     } else {
         Err(format!("{runtime}: agent never answered"))
     }
+}
+
+/// p50 and p95 of `v`.
+fn p50_95(v: &mut [f64]) -> (f64, f64) {
+    (pct(v, 0.5), pct(v, 0.95))
+}
+
+/// One run of a network mode: sandboxd creates interleaved with `runc run`
+/// of the identical bundle (so both see the same machine load), then the
+/// deletes. Returns the table rows.
+fn run_mode(
+    root: &Path,
+    network: &str,
+    n: usize,
+    bundle: &Path,
+    rt: &tokio::runtime::Runtime,
+    runc: bool,
+) -> Vec<String> {
+    let d = start_daemon(root, network);
+    // Warm-up (page cache, binaries).
+    let (s, out) = http(
+        &d.addr,
+        "POST",
+        "/api/sandboxes",
+        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
+    );
+    assert_eq!(s, 200, "warm-up create failed: {out}");
+    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
+    if runc {
+        let _ = time_runtime("runc", bundle, &format!("bench-runc-{network}-warm"), rt);
+    }
+    let (mut create, mut delete, mut rc, mut rd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut runc_err = None;
+    for i in 0..n {
+        let body = format!(r#"{{"sandbox_id":"b{i}","thread_id":"t","uid":"bench"}}"#);
+        let t = Instant::now();
+        let (s, out) = http(&d.addr, "POST", "/api/sandboxes", &body);
+        assert_eq!(s, 200, "{out}");
+        create.push(t.elapsed().as_secs_f64() * 1000.0);
+        if runc && runc_err.is_none() {
+            match time_runtime("runc", bundle, &format!("bench-runc-{network}-{i}"), rt) {
+                Ok((c, del)) => {
+                    rc.push(c);
+                    rd.push(del);
+                }
+                Err(e) => runc_err = Some(e),
+            }
+        }
+    }
+    for i in 0..n {
+        let t = Instant::now();
+        let (s, _) = http(&d.addr, "DELETE", &format!("/api/sandboxes/b{i}"), "");
+        assert_eq!(s, 200);
+        delete.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    drop(d);
+    let ((c50, c95), (d50, d95)) = (p50_95(&mut create), p50_95(&mut delete));
+    println!("[{network}] sandboxd create-to-ready: p50 {c50:.1} ms p95 {c95:.1} ms; delete p50 {d50:.1} ms p95 {d95:.1} ms (n={n})");
+    let mut rows = vec![format!(
+        "| `{network}` | sandboxd create-to-ready (POST until 200, agent answering) | {c50:.1} | {c95:.1} | {d50:.1} / {d95:.1} |"
+    )];
+    if !runc {
+        return rows;
+    }
+    match runc_err {
+        None => {
+            let ((r50, r95), (q50, q95)) = (p50_95(&mut rc), p50_95(&mut rd));
+            println!("[{network}] runc run: p50 {r50:.1} ms p95 {r95:.1} ms; delete p50 {q50:.1} ms (n={}); sandboxd/runc p50 {:.2}", rc.len(), c50 / r50);
+            rows.push(format!(
+                "| `{network}` | `runc run` of the same bundle, interleaved ({} runs; no network set up) | {r50:.1} | {r95:.1} | {q50:.1} / {q95:.1} |",
+                rc.len()
+            ));
+            rows.push(format!(
+                "| `{network}` | **sandboxd / runc, p50** | **{:.2}** | | {:.2} |",
+                c50 / r50,
+                d50 / q50
+            ));
+        }
+        Some(e) => {
+            println!("[{network}] runc: {e}");
+            rows.push(format!(
+                "| `{network}` | `runc run` | failed: {} | | |",
+                e.replace('|', "/").chars().take(120).collect::<String>()
+            ));
+        }
+    }
+    rows
+}
+
+/// Latencies (ms) and statuses of `reqs` sent all at once, one thread
+/// each; and the wall time of the whole batch.
+fn batch(addr: &str, reqs: Vec<(&'static str, String, String)>) -> (Vec<f64>, Vec<u16>, f64) {
+    let start = Instant::now();
+    let handles: Vec<_> = reqs
+        .into_iter()
+        .map(|(method, path, body)| {
+            let addr = addr.to_string();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let (s, _) = http(&addr, method, &path, &body);
+                (t.elapsed().as_secs_f64() * 1000.0, s)
+            })
+        })
+        .collect();
+    let (lat, st): (Vec<f64>, Vec<u16>) = handles.into_iter().map(|h| h.join().unwrap()).unzip();
+    (lat, st, start.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// N creates then N deletes, one after another, then N concurrent creates
+/// and N concurrent deletes, against one daemon (default config): total
+/// time, p50 and p95 per request, errors. Returns the table rows.
+fn run_concurrency(root: &Path, n: usize) -> Vec<String> {
+    let d = start_daemon(root, "egress");
+    let (s, out) = http(
+        &d.addr,
+        "POST",
+        "/api/sandboxes",
+        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
+    );
+    assert_eq!(s, 200, "warm-up create failed: {out}");
+    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
+    let create = |p: &str, i: usize| {
+        (
+            "POST",
+            "/api/sandboxes".to_string(),
+            format!(r#"{{"sandbox_id":"{p}{i}","thread_id":"t","uid":"bench{i}"}}"#),
+        )
+    };
+    let delete = |p: &str, i: usize| ("DELETE", format!("/api/sandboxes/{p}{i}"), String::new());
+    let mut rows = Vec::new();
+    let mut row = |what: &str, lat: &mut Vec<f64>, st: &[u16], total: f64| {
+        let errors = st.iter().filter(|s| **s != 200).count();
+        let (p50, p95) = p50_95(lat);
+        println!("[concurrency] {what}: total {total:.0} ms, p50 {p50:.1} ms, p95 {p95:.1} ms, errors {errors}/{n}");
+        rows.push(format!(
+            "| {what} | {total:.0} | {p50:.1} | {p95:.1} | {errors} |"
+        ));
+    };
+    // One after another.
+    for (kind, p) in [("create", "s"), ("delete", "s")] {
+        let (mut lat, mut st) = (Vec::new(), Vec::new());
+        let start = Instant::now();
+        for i in 0..n {
+            let (m, path, body) = if kind == "create" {
+                create(p, i)
+            } else {
+                delete(p, i)
+            };
+            let t = Instant::now();
+            st.push(http(&d.addr, m, &path, &body).0);
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let total = start.elapsed().as_secs_f64() * 1000.0;
+        row(&format!("{n} {kind}s, sequential"), &mut lat, &st, total);
+    }
+    // All at once.
+    let (mut lat, st, total) = batch(&d.addr, (0..n).map(|i| create("c", i)).collect());
+    row(&format!("{n} creates, concurrent"), &mut lat, &st, total);
+    let (mut lat, st, total) = batch(&d.addr, (0..n).map(|i| delete("c", i)).collect());
+    row(&format!("{n} deletes, concurrent"), &mut lat, &st, total);
+    drop(d);
+    rows
+}
+
+/// `VmRSS` of `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pid` in clock ticks (every thread, children not).
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat; `rest` starts at field 3.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// p50 (ms) of `k` requests.
+fn timed(addr: &str, method: &str, path: &str, k: usize) -> f64 {
+    let mut v: Vec<f64> = (0..k)
+        .map(|_| {
+            let t = Instant::now();
+            let (s, _) = http(addr, method, path, "");
+            assert_eq!(s, 200, "{method} {path}");
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    pct(&mut v, 0.5)
+}
+
+/// `n` idle sandboxes on one daemon (default config): create latency at 1
+/// and at `n` live, list and discover latency at 1 and `n` live, daemon and
+/// agent memory, CPU of the idle sandboxes (and the daemon) over `idle`,
+/// and the time to delete them all. Returns the table rows.
+fn run_density(root: &Path, n: usize, idle: Duration) -> Vec<String> {
+    let d = start_daemon(root, "egress");
+    let daemon_pid = d.child.id();
+    let create = |i: usize| {
+        let body = format!(
+            r#"{{"sandbox_id":"d{i}","thread_id":"t","uid":"bench{}"}}"#,
+            i % 50
+        );
+        let t = Instant::now();
+        let (s, out) = http(&d.addr, "POST", "/api/sandboxes", &body);
+        assert_eq!(s, 200, "create d{i}: {out}");
+        t.elapsed().as_secs_f64() * 1000.0
+    };
+    let mut rows = Vec::new();
+    let mut first = vec![create(0)];
+    let list1 = timed(&d.addr, "GET", "/api/sandboxes", 20);
+    let disc1 = timed(&d.addr, "GET", "/api/sandboxes/d0", 20);
+    let rss1 = rss_kib(daemon_pid);
+    first.extend((1..10.min(n)).map(create));
+    let started = Instant::now();
+    let mut last = Vec::new();
+    for i in 10..n {
+        let ms = create(i);
+        if i + 10 >= n {
+            last.push(ms);
+        }
+        if i % 100 == 0 {
+            println!(
+                "[density] {i} live, {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let (c1, cn) = (pct(&mut first, 0.5), pct(&mut last, 0.5));
+    println!(
+        "[density] create p50 with 1–10 live {c1:.1} ms, with {}–{n} live {cn:.1} ms",
+        n - 10
+    );
+    let listn = timed(&d.addr, "GET", "/api/sandboxes", 20);
+    let discn = timed(&d.addr, "GET", &format!("/api/sandboxes/d{}", n / 2), 20);
+    // The agents: PID 1 of each sandbox, from the state directory.
+    let state = root.join("state-egress").join("sandboxes");
+    let agents: Vec<u32> = (0..n)
+        .filter_map(|i| {
+            let b = std::fs::read(state.join(format!("d{i}")).join("state.json")).ok()?;
+            let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+            v["pid"].as_u64().map(|p| p as u32)
+        })
+        .collect();
+    assert_eq!(agents.len(), n, "PID 1 of every sandbox");
+    let mut agent_rss: Vec<f64> = agents.iter().map(|p| rss_kib(*p) as f64).collect();
+    let rssn = rss_kib(daemon_pid);
+    let ticks = |pids: &[u32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+    let (a0, d0) = (ticks(&agents), cpu_ticks(daemon_pid));
+    std::thread::sleep(idle);
+    let (a1, d1) = (ticks(&agents), cpu_ticks(daemon_pid));
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let agent_cpu_ms = (a1 - a0) as f64 * 1000.0 / hz;
+    let daemon_cpu_ms = (d1 - d0) as f64 * 1000.0 / hz;
+    // Delete them all, 8 at a time.
+    let t = Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|sc| {
+        for _ in 0..8 {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= n {
+                    break;
+                }
+                let (s, _) = http(&d.addr, "DELETE", &format!("/api/sandboxes/d{i}"), "");
+                assert_eq!(s, 200, "delete d{i}");
+            });
+        }
+    });
+    let deleted_s = t.elapsed().as_secs_f64();
+    drop(d);
+    let (ar50, armax) = (pct(&mut agent_rss, 0.5), pct(&mut agent_rss, 1.0));
+    let idle_s = idle.as_secs();
+    for (what, v) in [
+        (
+            format!("create p50, 1–10 live → {}–{n} live (ms)", n - 10),
+            format!("{c1:.1} → {cn:.1} ({:.2}×)", cn / c1),
+        ),
+        (
+            format!("list p50, 1 → {n} live (ms)"),
+            format!("{list1:.2} → {listn:.2}"),
+        ),
+        (
+            format!("discover p50, 1 → {n} live (ms)"),
+            format!("{disc1:.2} → {discn:.2}"),
+        ),
+        (
+            format!("daemon RSS, 1 → {n} live (MiB)"),
+            format!("{:.1} → {:.1}", rss1 as f64 / 1024.0, rssn as f64 / 1024.0),
+        ),
+        (
+            "agent RSS p50 / max (MiB)".to_string(),
+            format!("{:.2} / {:.2}", ar50 / 1024.0, armax / 1024.0),
+        ),
+        (
+            format!("CPU of all {n} idle agents over {idle_s} s (ms)"),
+            format!("{agent_cpu_ms:.0}"),
+        ),
+        (
+            format!("CPU of the daemon over the same {idle_s} s (ms)"),
+            format!("{daemon_cpu_ms:.0}"),
+        ),
+        (
+            format!("delete all {n} (8 at a time, s)"),
+            format!("{deleted_s:.1}"),
+        ),
+    ] {
+        println!("[density] {what}: {v}");
+        rows.push(format!("| {what} | {v} |"));
+    }
+    rows
+}
+
+/// Replaces the text between `<!-- {name}:BEGIN` and `<!-- {name}:END -->`
+/// in docs/performance.md (unless `BENCH_NO_WRITE` is set).
+fn write_section(name: &str, section: &str) {
+    if std::env::var_os("BENCH_NO_WRITE").is_some() {
+        return;
+    }
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
+    let text = std::fs::read_to_string(&doc).unwrap_or_default();
+    let (begin, end) = (format!("<!-- {name}:BEGIN"), format!("<!-- {name}:END -->"));
+    let (Some(a), Some(b)) = (text.find(&begin), text.find(&end)) else {
+        eprintln!("docs/performance.md lacks the {name} markers");
+        std::process::exit(1);
+    };
+    let new = format!("{}{}{}", &text[..a], section, &text[b + end.len()..]);
+    std::fs::write(&doc, new).unwrap();
+    println!("wrote the {name} section of {}", doc.display());
 }
 
 fn main() {
@@ -168,38 +529,11 @@ fn main() {
     let n: usize = std::env::var("BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or(30);
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let d = start_daemon(root);
-    // Warm-up (page cache, binaries).
-    let (s, _) = http(
-        &d.addr,
-        "POST",
-        "/api/sandboxes",
-        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
-    );
-    assert_eq!(s, 200, "warm-up create failed");
-    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
-
-    let mut create = Vec::new();
-    let mut delete = Vec::new();
-    for i in 0..n {
-        let body = format!(r#"{{"sandbox_id":"b{i}","thread_id":"t","uid":"bench"}}"#);
-        let t = Instant::now();
-        let (s, out) = http(&d.addr, "POST", "/api/sandboxes", &body);
-        assert_eq!(s, 200, "{out}");
-        create.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    for i in 0..n {
-        let t = Instant::now();
-        let (s, _) = http(&d.addr, "DELETE", &format!("/api/sandboxes/b{i}"), "");
-        assert_eq!(s, 200);
-        delete.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    drop(d);
-
-    // The identical bundle under runc / crun.
+    // The bundle runc runs: what the daemon would launch for the same
+    // request.
     let cfg = root.join("bundle.toml");
     std::fs::write(
         &cfg,
@@ -227,77 +561,65 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut others = Vec::new();
-    for runtime in ["runc", "crun"] {
-        if Command::new(runtime).arg("--version").output().is_err() {
-            others.push(format!("| `{runtime} run` | not installed | | |"));
-            continue;
-        }
-        let mut times = Vec::new();
-        let mut err = None;
-        for i in 0..n.min(20) {
-            match time_runtime(runtime, &bundle, &format!("bench-{runtime}-{i}"), &rt) {
-                Ok(ms) => times.push(ms),
-                Err(e) => {
-                    err = Some(e);
-                    break;
-                }
-            }
-        }
-        match err {
-            None => {
-                let (p50, p95) = (pct(&mut times, 0.5), pct(&mut times, 0.95));
-                println!(
-                    "{runtime}: p50 {p50:.1} ms p95 {p95:.1} ms over {}",
-                    times.len()
-                );
-                others.push(format!(
-                    "| `{runtime} run` of the same bundle ({} runs) | {p50:.1} | {p95:.1} | |",
-                    times.len()
-                ));
-            }
-            Some(e) => {
-                println!("{runtime}: {e}");
-                others.push(format!(
-                    "| `{runtime} run` | failed: {} | | |",
-                    e.replace('|', "/").chars().take(120).collect::<String>()
-                ));
-            }
-        }
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "create" {
+        run_create(root, n, &bundle, &rt);
     }
-
-    let (c50, c95) = (pct(&mut create, 0.5), pct(&mut create, 0.95));
-    let (d50, d95) = (pct(&mut delete, 0.5), pct(&mut delete, 0.95));
-    println!("sandboxd create-to-ready: p50 {c50:.1} ms p95 {c95:.1} ms; delete p50 {d50:.1} ms p95 {d95:.1} ms (n={n})");
-    let section = format!(
-        "<!-- CREATE:BEGIN (written by bench/create.sh) -->\n\
-Measured {} on {} cores ({}), release build, {n} sandboxes created one after another then deleted;\n\
-runtimes timed from `run --detach` until the agent answers `GET /v1/sandbox` in the container's netns.\n\n\
-| what | p50 ms | p95 ms | delete p50 / p95 ms |\n|---|---|---|---|\n\
-| sandboxd create-to-ready (POST until 200, agent answering) | {c50:.1} | {c95:.1} | {d50:.1} / {d95:.1} |\n{}\n\n\
-Goal: p50 create-to-ready no slower than runc on the same bundle, under 30 ms.\n<!-- CREATE:END -->",
-        chrono_date(),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        others.join("\n")
-    );
-    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/performance.md");
-    let text = std::fs::read_to_string(&doc).unwrap_or_default();
-    let (Some(a), Some(b)) = (
-        text.find("<!-- CREATE:BEGIN"),
-        text.find("<!-- CREATE:END -->"),
-    ) else {
-        eprintln!("docs/performance.md lacks the CREATE markers");
-        std::process::exit(1);
-    };
-    let new = format!(
-        "{}{}{}",
-        &text[..a],
-        section,
-        &text[b + "<!-- CREATE:END -->".len()..]
-    );
-    std::fs::write(&doc, new).unwrap();
-    println!("wrote {}", doc.display());
+    if only == "density" {
+        let n: usize = std::env::var("BENCH_DENSITY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(500);
+        let idle: u64 = std::env::var("BENCH_IDLE_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60);
+        let rows = run_density(root, n, Duration::from_secs(idle));
+        let section = format!(
+            "<!-- DENSITY:BEGIN (written by bench/density.sh) -->\n\
+Measured {} on {} cores ({}, {} GiB), release build, `bash bench/density.sh` (BENCH_DENSITY={n},\n\
+BENCH_IDLE_SECONDS={idle}): one daemon with the default configuration (egress networking, default limits); {n}\n\
+sandboxes created one after another (50 users), left idle, then deleted 8 at a time.\n\n\
+| what | value |\n|---|---|\n{}\n\n\
+Goals: daemon RSS ≤ 50 MiB, agent RSS ≤ 5 MiB each, no CPU used by idle sandboxes, create p50 at {n} live ≤ 1.5 × at\n\
+1 live, list/discover flat, all deleted within 60 s.\n<!-- DENSITY:END -->",
+            chrono_date(),
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .map(|k| k / (1024 * 1024))
+                .unwrap_or(0),
+            rows.join("\n")
+        );
+        write_section("DENSITY", &section);
+    }
+    if only.is_empty() || only == "concurrency" {
+        let c: usize = std::env::var("BENCH_CONCURRENCY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20);
+        let rows = run_concurrency(root, c);
+        let section = format!(
+            "<!-- CONCURRENCY:BEGIN (written by bench/create.sh) -->\n\
+Measured {} on {} cores ({}), release build, `BENCH_ONLY=concurrency bash bench/create.sh` (BENCH_CONCURRENCY={c}):\n\
+one daemon with the default configuration (egress networking); {c} creates (distinct ids and users) then {c}\n\
+deletes one after another, then {c} creates sent at once (one connection each) and {c} deletes sent at once.\n\n\
+| what | total ms | p50 ms | p95 ms | errors |\n|---|---|---|---|---|\n{}\n\n\
+Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY:END -->",
+            chrono_date(),
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            rows.join("\n")
+        );
+        write_section("CONCURRENCY", &section);
+    }
+    // The daemon leaves its nft table (a restart rebuilds it): the bench's
+    // goes.
+    let _ = Command::new("nft")
+        .args(["delete", "table", "inet", NET_ENV[0].1])
+        .output();
     // The daemon removed its sandboxes' cgroups; the parent goes too.
     for c in std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()
@@ -306,6 +628,32 @@ Goal: p50 create-to-ready no slower than runc on the same bundle, under 30 ms.\n
     {
         let _ = std::fs::remove_dir(c.path().join("sandboxd-bench"));
     }
+}
+
+/// Both network modes against `runc run`; writes the CREATE section.
+fn run_create(root: &Path, n: usize, bundle: &Path, rt: &tokio::runtime::Runtime) {
+    let runc = Command::new("runc").arg("--version").output().is_ok();
+    let mut rows = Vec::new();
+    for network in ["egress", "none"] {
+        rows.extend(run_mode(root, network, n, bundle, rt, runc));
+    }
+    if !runc {
+        rows.push("| | `runc run` | not installed | | |".into());
+    }
+    let section = format!(
+        "<!-- CREATE:BEGIN (written by bench/create.sh) -->\n\
+Measured {} on {} cores ({}), release build, `bash bench/create.sh` (BENCH_N={n}): per network mode one daemon with the\n\
+default configuration (its own nft table and subnet); {n} sandboxes created one after another through the API, each\n\
+followed by a `runc run --detach` of the identical bundle (timed until its agent answers `GET /v1/sandbox` in the\n\
+container's netns, then `runc delete --force`, timed), then the {n} sandboxes deleted through the API.\n\n\
+| network | what | p50 ms | p95 ms | delete p50 / p95 ms |\n|---|---|---|---|---|\n{}\n\n\
+Goal: p50 create-to-ready ≤ 1.0 × `runc run` p50 in the same run, then ≤ 10 ms.\n<!-- CREATE:END -->",
+        chrono_date(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        rows.join("\n")
+    );
+    write_section("CREATE", &section);
 }
 
 fn chrono_date() -> String {

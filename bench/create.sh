@@ -2,7 +2,7 @@
 # Create/delete benchmark of native sandboxes vs `runc run` of the same
 # bundle (see bench/create.rs). Needs root. Writes docs/performance.md.
 #
-#   bash bench/create.sh            # 50 sandboxes
+#   bash bench/create.sh            # 30 sandboxes per network mode
 #   BENCH_N=20 bash bench/create.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -120,6 +120,10 @@ pub trait Backend: Send + Sync + 'static {
     /// already gone. Never touches user files.
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;
 
+    /// Waits until the background cleanups of deleted sandboxes (if the
+    /// backend defers any) are over: daemon shutdown.
+    async fn settle(&self) {}
+
     /// Opens a connection to the sandbox's HTTP server.
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError>;
 

@@ -690,6 +690,7 @@ impl Lifecycle {
                 "stop on exit: deadline reached; the rest keep running and are adopted at the next start"
             );
         }
+        self.backend.settle().await;
         deleted.load(Ordering::SeqCst)
     }
 

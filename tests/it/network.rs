@@ -46,6 +46,21 @@ fn ip(args: &[&str]) {
     );
 }
 
+/// Nothing of this test's sandbox networking is left on the host. A
+/// delete removes the veth and the set element in the background (the slot
+/// is reused only after): waited for, bounded.
+fn assert_no_net_leftovers(dirs: &NativeDirs) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = dirs.net_leftovers();
+        if left.is_empty() {
+            return;
+        }
+        assert!(std::time::Instant::now() < end, "{left:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn ip_quiet(args: &[&str]) {
     let _ = Command::new("ip").args(args).output();
 }
@@ -294,11 +309,7 @@ async fn egress_reaches_the_internet_and_nothing_private() {
             .await;
         assert_eq!(s, 200);
     }
-    assert!(
-        dirs.net_leftovers().is_empty(),
-        "{:?}",
-        dirs.net_leftovers()
-    );
+    assert_no_net_leftovers(&dirs);
 }
 
 #[tokio::test]
@@ -320,11 +331,7 @@ async fn network_none_leaves_only_loopback() {
         )
         .await;
     assert_eq!(out, "lo\n# sandboxd: no network\n");
-    assert!(
-        dirs.net_leftovers().is_empty(),
-        "{:?}",
-        dirs.net_leftovers()
-    );
+    assert_no_net_leftovers(&dirs);
     drop(d);
 
     // A daemon in mode none: loopback only, and egress cannot be asked for.
@@ -383,11 +390,7 @@ async fn create_delete_cycles_leave_no_network_behind() {
             .await;
         assert_eq!(s, 200);
     }
-    assert!(
-        dirs.net_leftovers().is_empty(),
-        "{:?}",
-        dirs.net_leftovers()
-    );
+    assert_no_net_leftovers(&dirs);
     if stub_only {
         let n = d
             .log
@@ -427,11 +430,7 @@ async fn a_restart_after_kill_keeps_the_network_of_a_live_sandbox() {
     assert_dropped(&d, Some(&net), "kr", PRIVATE, 80).await;
     let (s, _) = d.json("DELETE", "/api/sandboxes/kr", None).await;
     assert_eq!(s, 200);
-    assert!(
-        dirs.net_leftovers().is_empty(),
-        "{:?}",
-        dirs.net_leftovers()
-    );
+    assert_no_net_leftovers(&dirs);
 }
 
 /// `[network] max_connections` caps one sandbox's concurrent connections

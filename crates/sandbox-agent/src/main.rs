@@ -85,6 +85,11 @@ fn main() -> anyhow::Result<()> {
         )
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A failed write (EPIPE while no daemon reads the output FIFO, e.g.
+        // a daemon restart) is dropped: by default tracing-subscriber
+        // reports it with `eprintln!`, which panics on that same broken
+        // stderr and took the agent down with it.
+        .log_internal_errors(false)
         .init();
 
     let term_grace = Duration::try_from_secs_f64(args.term_grace_seconds)

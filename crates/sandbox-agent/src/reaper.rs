@@ -6,7 +6,8 @@
 //! (tokio::process, `Child::wait`), so nothing else in the agent waits: exec
 //! children are spawned through [`Reaper::spawn`], which registers a waiter
 //! for the pid while holding the waiter map's lock, and the reaper task
-//! (driven by SIGCHLD plus a slow safety tick) reaps every exited child and
+//! (driven by SIGCHLD, plus a slow safety tick while a child is waited
+//! for) reaps every exited child and
 //! hands registered pids their status. Orphans' statuses are dropped.
 //!
 //! When the agent is not PID 1 (tests, or a runtime that runs it under an
@@ -55,6 +56,10 @@ impl ChildExit {
 /// Receives the exit of one spawned child.
 pub type ExitReceiver = oneshot::Receiver<ChildExit>;
 
+/// How often the reaper also looks for exited children while it waits for
+/// one (in case a SIGCHLD was missed).
+const SAFETY_TICK: Duration = Duration::from_secs(2);
+
 /// The central reaper. Cheap to share (`Arc`).
 #[derive(Debug, Default)]
 pub struct Reaper {
@@ -76,11 +81,23 @@ impl Reaper {
         let reaper = Arc::new(Self::default());
         let task_reaper = Arc::clone(&reaper);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(2));
             loop {
-                tokio::select! {
-                    _ = sigchld.recv() => {}
-                    _ = tick.tick() => {}
+                // The safety tick runs only while a child we wait for
+                // exists: an idle sandbox's agent sleeps until a signal or
+                // a request (no timer wakes it; orphans re-parented to it
+                // send SIGCHLD like any child).
+                let idle = task_reaper.lock().is_empty();
+                if idle {
+                    if sigchld.recv().await.is_none() {
+                        // No more signals (runtime shutting down): fall
+                        // back on the tick alone.
+                        tokio::time::sleep(SAFETY_TICK).await;
+                    }
+                } else {
+                    tokio::select! {
+                        _ = sigchld.recv() => {}
+                        _ = tokio::time::sleep(SAFETY_TICK) => {}
+                    }
                 }
                 task_reaper.reap_all();
             }

@@ -125,6 +125,11 @@ pub enum CgroupError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot remove cgroup {path}: {source}")]
+    RemoveDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot write {value:?} to {path}: {source}")]
     WriteFile {
         path: PathBuf,

@@ -306,7 +306,6 @@ impl CgroupRoot {
 
     fn sandbox(&self, sandbox_id: &str) -> Result<SandboxCgroup, CgroupError> {
         let rel = self.relative_path(sandbox_id);
-        let manager = self.manager(sandbox_id, &rel)?;
         let dirs = if self.mounts.layout.uses_v1() {
             self.mounts
                 .v1
@@ -320,33 +319,46 @@ impl CgroupRoot {
                 .map(|c| (c.to_string(), dir.clone()))
                 .collect()
         };
+        let (layout, fs_root, v2_root, id) = (
+            self.mounts.layout,
+            self.fs_root.clone(),
+            self.v2_root().to_path_buf(),
+            sandbox_id.to_string(),
+        );
+        let make = move || manager(layout, &fs_root, &v2_root, &id, &rel);
         Ok(SandboxCgroup::new(
             sandbox_id.to_string(),
             self.mounts.layout,
             dirs,
-            manager,
+            Box::new(make),
             self.fs_root.clone(),
         ))
     }
+}
 
-    /// libcgroups' manager for the sandbox. v1's reads the real
-    /// mountinfo, so over a fake tree there is none.
-    fn manager(&self, id: &str, rel: &Path) -> Result<Option<AnyCgroupManager>, CgroupError> {
-        let err = |e: AnyManagerError| CgroupError::Manager {
-            id: id.to_string(),
-            source: Box::new(e),
-        };
-        if self.mounts.layout.uses_v1() {
-            if self.fs_root != Path::new(DEFAULT_FS_ROOT) {
-                return Ok(None);
-            }
-            let m = libcgroups::v1::Manager::new(rel).map_err(|e| err(e.into()))?;
-            Ok(Some(m.any()))
-        } else {
-            let m = libcgroups::v2::manager::Manager::new(self.v2_root().to_path_buf(), rel.into())
-                .map_err(|e| err(e.into()))?;
-            Ok(Some(m.any()))
+/// libcgroups' manager for the sandbox. v1's reads the real mountinfo, so
+/// over a fake tree there is none.
+fn manager(
+    layout: Layout,
+    fs_root: &Path,
+    v2_root: &Path,
+    id: &str,
+    rel: &Path,
+) -> Result<Option<AnyCgroupManager>, CgroupError> {
+    let err = |e: AnyManagerError| CgroupError::Manager {
+        id: id.to_string(),
+        source: Box::new(e),
+    };
+    if layout.uses_v1() {
+        if fs_root != Path::new(DEFAULT_FS_ROOT) {
+            return Ok(None);
         }
+        let m = libcgroups::v1::Manager::new(rel).map_err(|e| err(e.into()))?;
+        Ok(Some(m.any()))
+    } else {
+        let m = libcgroups::v2::manager::Manager::new(v2_root.to_path_buf(), rel.into())
+            .map_err(|e| err(e.into()))?;
+        Ok(Some(m.any()))
     }
 }
 

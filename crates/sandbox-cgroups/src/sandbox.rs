@@ -20,15 +20,27 @@ use sandbox_abi::model::Resources;
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 const KILL_POLL: Duration = Duration::from_millis(10);
 
+/// Builds libcgroups' manager of one sandbox (`None`: v1 over a fake tree).
+pub(crate) type MakeManager =
+    Box<dyn Fn() -> Result<Option<AnyCgroupManager>, CgroupError> + Send + Sync>;
+
 /// The cgroup of one sandbox (in every v1 controller, or one v2 directory).
+///
+/// The hot paths (joining, listing and killing its processes, removal,
+/// v1 limits and freezing) read and write the cgroup files directly, in
+/// the directories resolved once from the mount table at start: libcgroups'
+/// v1 manager re-reads `/proc/self/mountinfo` and `/proc/self/cgroup` for
+/// every controller it looks up and warns about each controller this host
+/// lacks, on every construction. It is built only for what still goes
+/// through it (v2 limits and freezing), on first use.
 pub struct SandboxCgroup {
     id: String,
     layout: Layout,
     /// Controller name → the sandbox's directory in it (on v2 every
     /// controller maps to the same directory).
     dirs: BTreeMap<String, PathBuf>,
-    /// `None` only for v1 over a fake tree (see [`CgroupError::V1NeedsRealRoot`]).
-    manager: Option<AnyCgroupManager>,
+    manager: std::sync::OnceLock<Option<AnyCgroupManager>>,
+    make_manager: MakeManager,
     fs_root: PathBuf,
 }
 
@@ -47,16 +59,31 @@ impl SandboxCgroup {
         id: String,
         layout: Layout,
         dirs: BTreeMap<String, PathBuf>,
-        manager: Option<AnyCgroupManager>,
+        make_manager: MakeManager,
         fs_root: PathBuf,
     ) -> Self {
         SandboxCgroup {
             id,
             layout,
             dirs,
-            manager,
+            manager: std::sync::OnceLock::new(),
+            make_manager,
             fs_root,
         }
+    }
+
+    /// The sandbox's distinct directories (one on v2).
+    fn distinct_dirs(&self) -> BTreeSet<&PathBuf> {
+        self.dirs.values().collect()
+    }
+
+    /// The directory whose `cgroup.procs` lists the sandbox's processes
+    /// (devices first, as libcgroups reads it).
+    fn procs_dir(&self) -> Option<&PathBuf> {
+        ["devices", "memory", "freezer", "cpu", "pids"]
+            .iter()
+            .find_map(|c| self.dirs.get(*c))
+            .or_else(|| self.dirs.values().next())
     }
 
     pub fn sandbox_id(&self) -> &str {
@@ -68,24 +95,20 @@ impl SandboxCgroup {
     /// namespace: the new namespace is then rooted at the sandbox's cgroup
     /// (and v2 refuses migrations across a namespace boundary).
     pub fn add_task(&self, pid: i32) -> Result<(), CgroupError> {
-        self.manager("add_task")?
-            .add_task(Pid::from_raw(pid))
-            .map_err(|e| CgroupError::AddTask {
-                id: self.id.clone(),
-                pid,
-                source: Box::new(e),
-            })?;
+        for dir in self.distinct_dirs() {
+            files::write(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
         tracing::debug!(sandbox_id = %self.id, pid, "task added to cgroup");
         Ok(())
     }
 
     /// Every process in the cgroup (and its children cgroups).
     pub fn pids(&self) -> Result<Vec<i32>, CgroupError> {
-        let pids = self
-            .manager("pids")?
-            .get_all_pids()
-            .map_err(|e| self.boxed(e, |id, source| CgroupError::ListPids { id, source }))?;
-        Ok(pids.into_iter().map(Pid::as_raw).collect())
+        let mut out = Vec::new();
+        if let Some(dir) = self.procs_dir() {
+            collect_pids(dir, &mut out)?;
+        }
+        Ok(out)
     }
 
     /// Kills every process of the sandbox and waits (bounded) until the
@@ -132,13 +155,11 @@ impl SandboxCgroup {
     /// Removes the cgroup from every controller. Call after
     /// [`kill_all`](Self::kill_all); succeeds if it is already gone.
     pub fn remove(self) -> Result<(), CgroupError> {
-        let dirs: BTreeSet<&PathBuf> = self.dirs.values().collect();
+        let dirs = self.distinct_dirs();
         for dir in &dirs {
             files::remove_children(dir)?;
+            remove_dir(dir)?;
         }
-        self.manager("remove")?
-            .remove()
-            .map_err(|e| self.boxed(e, |id, source| CgroupError::Remove { id, source }))?;
         if let Some(dir) = dirs.iter().find(|d| d.exists()) {
             return Err(CgroupError::StillPresent {
                 path: dir.to_path_buf(),
@@ -231,6 +252,9 @@ impl SandboxCgroup {
                 id: self.id.clone(),
                 source,
             })?;
+        if self.layout.uses_v1() {
+            return self.apply_v1(&resources);
+        }
         let opt = ControllerOpt {
             resources: &resources,
             // OOM kills must happen inside the sandbox.
@@ -247,6 +271,42 @@ impl SandboxCgroup {
                 files::write(&swap, "0")?;
             } else {
                 tracing::warn!(sandbox_id = %self.id, "no memory.swap.max: swap not accounted");
+            }
+        }
+        Ok(())
+    }
+
+    /// v1 limits, written directly: memory (then memory+swap, which must
+    /// not be below it), pids, CPU period then quota.
+    fn apply_v1(&self, r: &LinuxResources) -> Result<(), CgroupError> {
+        if let Some(m) = r.memory() {
+            if let Some(l) = m.limit() {
+                files::write(
+                    &self.file("memory", "memory.limit_in_bytes")?,
+                    &l.to_string(),
+                )?;
+            }
+            if let Some(s) = m.swap() {
+                files::write(
+                    &self.file("memory", "memory.memsw.limit_in_bytes")?,
+                    &s.to_string(),
+                )?;
+            }
+        }
+        if let Some(p) = r.pids() {
+            let v = if p.limit() > 0 {
+                p.limit().to_string()
+            } else {
+                "max".to_string()
+            };
+            files::write(&self.file("pids", "pids.max")?, &v)?;
+        }
+        if let Some(c) = r.cpu() {
+            if let Some(period) = c.period() {
+                files::write(&self.file("cpu", "cpu.cfs_period_us")?, &period.to_string())?;
+            }
+            if let Some(quota) = c.quota() {
+                files::write(&self.file("cpu", "cpu.cfs_quota_us")?, &quota.to_string())?;
             }
         }
         Ok(())
@@ -271,9 +331,38 @@ impl SandboxCgroup {
     }
 
     fn freeze(&self, state: FreezerState) -> Result<(), CgroupError> {
+        if self.layout.uses_v1() {
+            return self.freeze_v1(state == FreezerState::Frozen);
+        }
         self.manager("freeze")?
             .freeze(state)
             .map_err(|e| self.boxed(e, |id, source| CgroupError::Freeze { id, source }))
+    }
+
+    /// v1 `freezer.state`: a freeze is over once it reads `FROZEN` (a
+    /// task in an uninterruptible sleep can keep it `FREEZING` a while;
+    /// the write is repeated then, as runc does).
+    fn freeze_v1(&self, frozen: bool) -> Result<(), CgroupError> {
+        let f = self.file("freezer", "freezer.state")?;
+        if !frozen {
+            return files::write(&f, "THAWED");
+        }
+        let start = Instant::now();
+        loop {
+            files::write(&f, "FROZEN")?;
+            if files::read(&f)?.trim() == "FROZEN" {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(1) {
+                let _ = files::write(&f, "THAWED");
+                return Err(CgroupError::WriteFile {
+                    path: f,
+                    value: "FROZEN".into(),
+                    source: std::io::Error::other("still FREEZING after 1 s"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGKILLs every listed process; ESRCH (already gone) is fine.
@@ -294,12 +383,17 @@ impl SandboxCgroup {
     }
 
     fn manager(&self, op: &'static str) -> Result<&AnyCgroupManager, CgroupError> {
-        self.manager
-            .as_ref()
-            .ok_or_else(|| CgroupError::V1NeedsRealRoot {
-                op,
-                root: self.fs_root.clone(),
-            })
+        let m = match self.manager.get() {
+            Some(m) => m,
+            None => {
+                let made = (self.make_manager)()?;
+                self.manager.get_or_init(|| made)
+            }
+        };
+        m.as_ref().ok_or_else(|| CgroupError::V1NeedsRealRoot {
+            op,
+            root: self.fs_root.clone(),
+        })
     }
 
     fn boxed(
@@ -323,4 +417,58 @@ impl SandboxCgroup {
             }),
         }
     }
+}
+
+/// Appends the PIDs in `dir`'s `cgroup.procs` and its child cgroups'.
+fn collect_pids(dir: &Path, out: &mut Vec<i32>) -> Result<(), CgroupError> {
+    let procs = dir.join("cgroup.procs");
+    let text = match std::fs::read_to_string(&procs) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(CgroupError::ReadFile {
+                path: procs,
+                source,
+            })
+        }
+    };
+    out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_pids(&e.path(), out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes an (empty) cgroup directory; gone already is fine. The kernel
+/// may report it busy for a moment after its last task exited: retried
+/// briefly.
+fn remove_dir(dir: &Path) -> Result<(), CgroupError> {
+    let start = Instant::now();
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e)
+                if e.raw_os_error() == Some(libc_ebusy())
+                    && start.elapsed() < Duration::from_secs(1) =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(source) => {
+                return Err(CgroupError::RemoveDir {
+                    path: dir.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+fn libc_ebusy() -> i32 {
+    Errno::EBUSY as i32
 }

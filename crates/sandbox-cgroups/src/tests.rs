@@ -378,11 +378,34 @@ fn v1_readback_over_fake_tree() {
         ),
         (None, None, None, None)
     );
-    // Without libcgroups' v1 manager (fake root) the kernel-side ops refuse.
-    assert!(matches!(
-        cg.add_task(1),
-        Err(CgroupError::V1NeedsRealRoot { .. })
-    ));
+    // Joining writes the PID into every controller's directory, listing
+    // reads it back (children cgroups included); no libcgroups manager is
+    // needed for either (over a fake root there is none).
+    let controllers: Vec<String> = fs::read_dir(r)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    // Every controller the root assumes: a missing one fails the join.
+    assert!(cg.add_task(42).is_err());
+    for c in crate::layout::V1_CONTROLLERS {
+        fake_v1(r, c, &[("cgroup.procs", "")]);
+    }
+    cg.add_task(42).unwrap();
+    for c in controllers
+        .iter()
+        .map(String::as_str)
+        .chain(["blkio", "devices", "hugetlb"])
+    {
+        let f = r.join(c).join("sandboxd/abc/cgroup.procs");
+        assert_eq!(fs::read_to_string(&f).unwrap(), "42", "{c}");
+    }
+    let child = r.join("devices/sandboxd/abc/leftover");
+    fs::create_dir_all(&child).unwrap();
+    fs::write(child.join("cgroup.procs"), "7\n").unwrap();
+    let mut pids = cg.pids().unwrap();
+    pids.sort();
+    assert_eq!(pids, vec![7, 42]);
 }
 
 #[test]

@@ -109,7 +109,8 @@ impl NativeBackend {
             phase: Phase::Creating,
             pid: None,
             start_time: None,
-            cgroup: None,
+            // Known before it exists: recorded in the one durable write.
+            cgroup: Some(self.cgroups.relative_path(id).display().to_string()),
             resources: spec.resources,
             created_at: unix_now(),
             network: None,
@@ -126,6 +127,11 @@ impl NativeBackend {
             tracing::info!(sandbox_id = %id, generation = %generation, host_ids = %format!("{}-{}", range.host, range.host + (range.size - 1)), "user namespace range taken");
             st.userns = Some(range);
         }
+        // The one durable record, before anything is made: whatever a
+        // crash leaves from here on is found through it (the cgroup by
+        // id). Later updates are not fsync'd: after a daemon crash the
+        // page cache has them; after a host crash no sandbox process is
+        // left and this record is enough to clean up.
         {
             // Under the store's shared lock: the image is still there, and
             // the record naming it is written before `image rm`/`gc` (which
@@ -138,8 +144,6 @@ impl NativeBackend {
         }
         failpoint::hit(Point::CreateAfterState);
         let cgroup = self.cgroups.create(id, &spec.resources)?;
-        st.cgroup = Some(self.cgroups.relative_path(id).display().to_string());
-        self.state.save(&st)?;
         failpoint::hit(Point::CreateAfterCgroup);
         let bundle_dir = self.state.bundle_dir(id);
         self.bundler.write_bundle_with(
@@ -180,7 +184,7 @@ impl NativeBackend {
                 if let Some(h) = &made.handle {
                     st.pid = Some(pid);
                     st.start_time = Some(h.start_time);
-                    if let Err(e) = self.state.save(&st) {
+                    if let Err(e) = self.state.update(&st) {
                         save_err = Some(e);
                     }
                     failpoint::hit(Point::CreateAfterPid);
@@ -215,7 +219,7 @@ impl NativeBackend {
         st.phase = Phase::Running;
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
-        self.state.save(&st)?;
+        self.state.update(&st)?;
         failpoint::hit(Point::CreateAfterRunning);
         made.commit();
         self.outputs.start(id, out, out_r);

@@ -49,6 +49,28 @@ pub fn tune(sysctl: &Path) -> Option<u64> {
     }
 }
 
+/// Raises the daemon's soft open-file limit to its hard limit: it keeps a
+/// few descriptors per live sandbox (pidfd, network namespace, output
+/// FIFO, proxy connections), so the common soft default of 1024 runs out
+/// at a few hundred sandboxes. Returns (before, after).
+pub fn raise_nofile() -> Option<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft >= hard {
+        return Some((soft, soft));
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => {
+            info!(from = soft, to = hard, "raised the open-file limit (RLIMIT_NOFILE) to its hard limit: a few descriptors per live sandbox");
+            Some((soft, hard))
+        }
+        Err(e) => {
+            warn!(soft, hard, error = %e, "cannot raise the open-file limit");
+            Some((soft, soft))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -151,6 +151,7 @@ impl NativeBackend {
         );
         let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?.map(Arc::new);
         host::tune(Path::new(host::INOTIFY_INSTANCES));
+        host::raise_nofile();
         let network = net::Network::new(&cfg.network)?;
         let images = crate::images::Images::new(cfg, bundler.base())
             .map_err(|e| NativeError::ImageStore(format!("{e:#}")))?;
@@ -250,7 +251,7 @@ impl NativeBackend {
                 let _teardown = l.teardown.lock().unwrap_or_else(|e| e.into_inner());
                 if let Ok(Some(mut st)) = self.state.load(id) {
                     st.phase = Phase::Deleting;
-                    let _ = self.state.save(&st);
+                    let _ = self.state.update(&st);
                 }
                 failpoint::hit(Point::DeleteAfterState);
                 self.destroy(id, Some(&l.handle));
@@ -469,15 +470,16 @@ impl Backend for NativeBackend {
     async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
         let mut r = record.clone();
         r.status = self.status(record).await;
-        if let Some(l) = self.live().get(&record.sandbox_id) {
-            if l.record.generation == record.generation {
-                // Read at exit, before the cgroup went; else the live count.
-                let oom = l.record.oom_killed == Some(true)
-                    || l.cgroup.as_ref().is_some_and(|cg| cg.oom_kills() > 0);
-                if oom {
-                    r.oom_killed = Some(true);
-                }
+        // Read at exit, before the cgroup went; else the live count (read
+        // after the table's lock is released: it is a file read).
+        let (recorded, cgroup) = match self.live().get(&record.sandbox_id) {
+            Some(l) if l.record.generation == record.generation => {
+                (l.record.oom_killed == Some(true), l.cgroup.clone())
             }
+            _ => return r,
+        };
+        if recorded || cgroup.is_some_and(|cg| cg.oom_kills() > 0) {
+            r.oom_killed = Some(true);
         }
         r
     }
@@ -486,6 +488,11 @@ impl Backend for NativeBackend {
         let b = self.clone();
         let (id, g) = (sandbox_id.to_string(), generation.to_string());
         Ok(blocking(move || b.blocking_delete(&id, &g)).await?)
+    }
+
+    async fn settle(&self) {
+        let net = self.net.clone();
+        let _ = tokio::task::spawn_blocking(move || net.flush()).await;
     }
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {

@@ -1,6 +1,7 @@
 //! Per-sandbox state on disk: `<state_dir>/sandboxes/<id>/state.json`,
-//! written atomically (temp file, fsync, rename, fsync the directory), so a
-//! restarted daemon can adopt running sandboxes and clean up dead ones.
+//! written atomically (temp file, rename; the first record of a create
+//! also durably: fsync of the file and the directory), so a restarted
+//! daemon can adopt running sandboxes and clean up dead ones.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -89,8 +90,21 @@ impl StateDir {
         self.sandbox_dir(id).join("state.json")
     }
 
-    /// Writes `st` atomically.
+    /// Writes `st` atomically and durably (fsync'd, with its directory).
     pub fn save(&self, st: &SandboxState) -> Result<(), StateError> {
+        self.write(st, true)
+    }
+
+    /// Writes `st` atomically (temp file, rename) but not durably: for the
+    /// updates after a create's first, durable [`save`](Self::save). A
+    /// crash of the daemon loses nothing (the page cache has it); a crash
+    /// of the host loses at most the update, and with it every sandbox
+    /// process, so the durable record is what the next start needs.
+    pub fn update(&self, st: &SandboxState) -> Result<(), StateError> {
+        self.write(st, false)
+    }
+
+    fn write(&self, st: &SandboxState, durable: bool) -> Result<(), StateError> {
         let dir = self.sandbox_dir(&st.sandbox_id);
         let path = self.state_path(&st.sandbox_id);
         let tmp = dir.join(".state.json.tmp");
@@ -101,8 +115,13 @@ impl StateDir {
         let json = serde_json::to_vec_pretty(st).expect("state serializes");
         let mut f = std::fs::File::create(&tmp).map_err(w)?;
         f.write_all(&json).map_err(w)?;
-        f.sync_all().map_err(w)?;
+        if durable {
+            f.sync_all().map_err(w)?;
+        }
         std::fs::rename(&tmp, &path).map_err(w)?;
+        if !durable {
+            return Ok(());
+        }
         std::fs::File::open(&dir)
             .and_then(|d| d.sync_all())
             .map_err(w)

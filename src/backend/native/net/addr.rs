@@ -109,6 +109,9 @@ pub struct Slot(pub u32);
 pub struct Pool {
     subnet: Cidr,
     held: HashMap<String, Slot>,
+    /// Slots of deleted sandboxes whose veth and set element are still
+    /// being removed (in the background): not handed out until then.
+    retiring: std::collections::HashSet<u32>,
 }
 
 impl Pool {
@@ -116,6 +119,7 @@ impl Pool {
         Pool {
             subnet,
             held: HashMap::new(),
+            retiring: Default::default(),
         }
     }
 
@@ -136,7 +140,9 @@ impl Pool {
     /// The lowest free slot, now held by `id`.
     pub fn take(&mut self, id: &str) -> Option<Slot> {
         let used: std::collections::HashSet<u32> = self.held.values().map(|s| s.0).collect();
-        let slot = (0..self.slots()).find(|n| !used.contains(n)).map(Slot)?;
+        let slot = (0..self.slots())
+            .find(|n| !used.contains(n) && !self.retiring.contains(n))
+            .map(Slot)?;
         self.held.insert(id.to_string(), slot);
         Some(slot)
     }
@@ -144,7 +150,10 @@ impl Pool {
     /// Marks `slot` held by `id` (adoption). False when it is not in the
     /// pool or someone else holds it.
     pub fn claim(&mut self, id: &str, slot: Slot) -> bool {
-        if slot.0 >= self.slots() || self.held.values().any(|s| *s == slot) {
+        if slot.0 >= self.slots()
+            || self.retiring.contains(&slot.0)
+            || self.held.values().any(|s| *s == slot)
+        {
             return false;
         }
         self.held.insert(id.to_string(), slot);
@@ -153,6 +162,19 @@ impl Pool {
 
     pub fn release(&mut self, id: &str) -> Option<Slot> {
         self.held.remove(id)
+    }
+
+    /// `id` lets go of its slot, which stays out of use until
+    /// [`retired`](Self::retired).
+    pub fn retire(&mut self, id: &str) -> Option<Slot> {
+        let slot = self.held.remove(id)?;
+        self.retiring.insert(slot.0);
+        Some(slot)
+    }
+
+    /// The cleanup of a retiring slot is over: it may be handed out again.
+    pub fn retired(&mut self, slot: Slot) {
+        self.retiring.remove(&slot.0);
     }
 
     pub fn get(&self, id: &str) -> Option<Slot> {
@@ -199,5 +221,11 @@ mod tests {
         p.release("a");
         assert_eq!(p.take("c"), Some(a));
         assert!(!p.claim("d", b));
+        // A retiring slot is handed out only once its cleanup is over.
+        assert_eq!(p.retire("b"), Some(b));
+        assert!(p.take("d").is_none());
+        assert!(!p.claim("d", b));
+        p.retired(b);
+        assert_eq!(p.take("d"), Some(b));
     }
 }

@@ -12,7 +12,7 @@
 
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -22,6 +22,7 @@ use crate::config::{NetworkConfig, NetworkMode};
 pub mod addr;
 pub mod dns;
 pub mod link;
+pub mod nfnl;
 pub mod nft;
 
 use addr::{Cidr, Hole, Pool, Slot};
@@ -44,6 +45,8 @@ pub enum NetError {
     Nft(#[from] NftError),
     #[error(transparent)]
     Link(#[from] LinkError),
+    #[error(transparent)]
+    Nfnl(#[from] nfnl::NfnlError),
     #[error("the address pool {0} is exhausted")]
     Exhausted(Cidr),
     #[error("network \"egress\" asked for, but this daemon's [network] mode is \"none\"")]
@@ -73,7 +76,11 @@ struct Egress {
     policy: Policy,
     nft: Nft,
     netlink: Netlink,
-    pool: Mutex<Pool>,
+    /// A second netlink thread for the removals after deletes, so that a
+    /// burst of them (about 20 ms of kernel time each) never queues in
+    /// front of a create's veth.
+    remover: Netlink,
+    pool: Arc<Mutex<Pool>>,
 }
 
 /// The daemon's networking.
@@ -81,6 +88,9 @@ pub struct Network {
     mode: NetworkMode,
     egress: Option<Egress>,
 }
+
+/// The set of (host link, sandbox address) pairs of the table.
+const SET: &str = "sandboxes";
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
@@ -180,7 +190,8 @@ impl Network {
                 policy,
                 nft: Nft::default(),
                 netlink,
-                pool: Mutex::new(Pool::new(subnet)),
+                remover: Netlink::start()?,
+                pool: Arc::new(Mutex::new(Pool::new(subnet))),
             }),
         })
     }
@@ -214,22 +225,22 @@ impl Network {
             (slot, pool.sandbox_addr(slot), pool.host_addr(slot))
         };
         let link = format!("{}{}", e.policy.link_prefix, slot.0);
-        let peer_tmp = format!("{}p{}", e.policy.link_prefix, slot.0);
-        // A leftover of the same name (a crash before the sweep) goes first.
-        e.netlink.delete(&link)?;
-        e.netlink.delete(&peer_tmp)?;
-        e.netlink.create_veth(&VethPlan {
-            host_if: &link,
-            peer_tmp: &peer_tmp,
-            host_addr: gateway,
-            sandbox_addr: address,
-            netns,
-        })?;
-        e.nft.run(&format!(
-            "add element inet {} sandboxes {{ {} }}\n",
-            e.policy.table,
-            nft::element(&link, address)
-        ))?;
+        let made = e
+            .netlink
+            .create_veth(&VethPlan {
+                host_if: &link,
+                host_addr: gateway,
+                sandbox_addr: address,
+                netns,
+            })
+            .map_err(NetError::from)
+            .and_then(|()| {
+                nfnl::change_element(nfnl::Op::Add, &e.policy.table, SET, &link, address)
+                    .map_err(NetError::from)
+            });
+        // On an error the caller's cleanup (detach) finds the slot and
+        // removes whatever was made.
+        made?;
         Ok(Some(NetState {
             slot,
             address,
@@ -251,28 +262,44 @@ impl Network {
     }
 
     /// Removes sandbox `id`'s set element and veth and frees its slot.
-    /// Nothing to do when it has none.
+    /// Nothing to do when it has none. The removal runs in the background
+    /// on a netlink thread of its own (deleting a veth costs the kernel about 20 ms
+    /// of RCU grace periods): the slot is handed out again only once it is
+    /// over, and a crash before then leaves the remains to the next
+    /// start-up's rebuild and sweep. [`flush`](Self::flush) waits for it.
     pub fn detach(&self, id: &str) {
         let Some(e) = &self.egress else { return };
-        let Some(slot) = Self::pool(e).release(id) else {
-            return;
+        let (slot, address) = {
+            let mut pool = Self::pool(e);
+            let Some(slot) = pool.retire(id) else {
+                return;
+            };
+            (slot, pool.sandbox_addr(slot))
         };
-        let (link, address) = {
-            let pool = Self::pool(e);
-            (
-                format!("{}{}", e.policy.link_prefix, slot.0),
-                pool.sandbox_addr(slot),
-            )
-        };
-        if let Err(err) = e.nft.run(&format!(
-            "delete element inet {} sandboxes {{ {} }}\n",
-            e.policy.table,
-            nft::element(&link, address)
-        )) {
-            warn!(sandbox_id = %id, error = %err, "cannot remove the sandbox's set element");
-        }
-        if let Err(err) = e.netlink.delete(&link) {
-            warn!(sandbox_id = %id, %link, error = %err, "cannot delete the sandbox's veth");
+        let link = format!("{}{}", e.policy.link_prefix, slot.0);
+        let (table, pool, id) = (e.policy.table.clone(), e.pool.clone(), id.to_string());
+        let (l, a) = (link.clone(), address);
+        e.remover.delete_later(
+            link,
+            move || {
+                if let Err(err) = nfnl::change_element(nfnl::Op::Delete, &table, SET, &l, a) {
+                    warn!(sandbox_id = %id, error = %err, "cannot remove the sandbox's set element");
+                }
+            },
+            move |r| {
+                if let Err(err) = r {
+                    warn!(error = %err, "cannot delete a sandbox's veth");
+                }
+                pool.lock().unwrap_or_else(|p| p.into_inner()).retired(slot);
+            },
+        );
+    }
+
+    /// Waits until the background removals of [`detach`](Self::detach)
+    /// requested so far are over.
+    pub fn flush(&self) {
+        if let Some(e) = &self.egress {
+            e.remover.flush();
         }
     }
 
