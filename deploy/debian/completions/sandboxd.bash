@@ -31,6 +31,9 @@ _sandboxd() {
             sandboxd,help)
                 cmd="sandboxd__subcmd__help"
                 ;;
+            sandboxd,image)
+                cmd="sandboxd__subcmd__image"
+                ;;
             sandboxd,inspect)
                 cmd="sandboxd__subcmd__inspect"
                 ;;
@@ -85,6 +88,9 @@ _sandboxd() {
             sandboxd__subcmd__help,help)
                 cmd="sandboxd__subcmd__help__subcmd__help"
                 ;;
+            sandboxd__subcmd__help,image)
+                cmd="sandboxd__subcmd__help__subcmd__image"
+                ;;
             sandboxd__subcmd__help,inspect)
                 cmd="sandboxd__subcmd__help__subcmd__inspect"
                 ;;
@@ -115,6 +121,21 @@ _sandboxd() {
             sandboxd__subcmd__help__subcmd__config,default)
                 cmd="sandboxd__subcmd__help__subcmd__config__subcmd__default"
                 ;;
+            sandboxd__subcmd__help__subcmd__image,gc)
+                cmd="sandboxd__subcmd__help__subcmd__image__subcmd__gc"
+                ;;
+            sandboxd__subcmd__help__subcmd__image,import)
+                cmd="sandboxd__subcmd__help__subcmd__image__subcmd__import"
+                ;;
+            sandboxd__subcmd__help__subcmd__image,ls)
+                cmd="sandboxd__subcmd__help__subcmd__image__subcmd__ls"
+                ;;
+            sandboxd__subcmd__help__subcmd__image,pull)
+                cmd="sandboxd__subcmd__help__subcmd__image__subcmd__pull"
+                ;;
+            sandboxd__subcmd__help__subcmd__image,rm)
+                cmd="sandboxd__subcmd__help__subcmd__image__subcmd__rm"
+                ;;
             sandboxd__subcmd__help__subcmd__kube,install-seccomp-profile)
                 cmd="sandboxd__subcmd__help__subcmd__kube__subcmd__install__subcmd__seccomp__subcmd__profile"
                 ;;
@@ -141,6 +162,42 @@ _sandboxd() {
                 ;;
             sandboxd__subcmd__help__subcmd__seccomp,table)
                 cmd="sandboxd__subcmd__help__subcmd__seccomp__subcmd__table"
+                ;;
+            sandboxd__subcmd__image,gc)
+                cmd="sandboxd__subcmd__image__subcmd__gc"
+                ;;
+            sandboxd__subcmd__image,help)
+                cmd="sandboxd__subcmd__image__subcmd__help"
+                ;;
+            sandboxd__subcmd__image,import)
+                cmd="sandboxd__subcmd__image__subcmd__import"
+                ;;
+            sandboxd__subcmd__image,ls)
+                cmd="sandboxd__subcmd__image__subcmd__ls"
+                ;;
+            sandboxd__subcmd__image,pull)
+                cmd="sandboxd__subcmd__image__subcmd__pull"
+                ;;
+            sandboxd__subcmd__image,rm)
+                cmd="sandboxd__subcmd__image__subcmd__rm"
+                ;;
+            sandboxd__subcmd__image__subcmd__help,gc)
+                cmd="sandboxd__subcmd__image__subcmd__help__subcmd__gc"
+                ;;
+            sandboxd__subcmd__image__subcmd__help,help)
+                cmd="sandboxd__subcmd__image__subcmd__help__subcmd__help"
+                ;;
+            sandboxd__subcmd__image__subcmd__help,import)
+                cmd="sandboxd__subcmd__image__subcmd__help__subcmd__import"
+                ;;
+            sandboxd__subcmd__image__subcmd__help,ls)
+                cmd="sandboxd__subcmd__image__subcmd__help__subcmd__ls"
+                ;;
+            sandboxd__subcmd__image__subcmd__help,pull)
+                cmd="sandboxd__subcmd__image__subcmd__help__subcmd__pull"
+                ;;
+            sandboxd__subcmd__image__subcmd__help,rm)
+                cmd="sandboxd__subcmd__image__subcmd__help__subcmd__rm"
                 ;;
             sandboxd__subcmd__kube,help)
                 cmd="sandboxd__subcmd__kube__subcmd__help"
@@ -215,7 +272,7 @@ _sandboxd() {
 
     case "${cmd}" in
         sandboxd)
-            opts="-h -V --help --version serve bundle kube seccomp ls inspect rm logs doctor config man openapi completions help"
+            opts="-h -V --help --version serve bundle kube seccomp image ls inspect rm logs doctor config man openapi completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -229,7 +286,7 @@ _sandboxd() {
             return 0
             ;;
         sandboxd__subcmd__bundle)
-            opts="-h --sandbox-id --uid --thread-id --workdir-path --ephemeral --out --config --help"
+            opts="-h --sandbox-id --uid --thread-id --workdir-path --ephemeral --out --config --image --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -256,6 +313,10 @@ _sandboxd() {
                     return 0
                     ;;
                 --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --image)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -369,7 +430,7 @@ _sandboxd() {
             return 0
             ;;
         sandboxd__subcmd__help)
-            opts="serve bundle kube seccomp ls inspect rm logs doctor config man openapi completions help"
+            opts="serve bundle kube seccomp image ls inspect rm logs doctor config man openapi completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -455,6 +516,90 @@ _sandboxd() {
         sandboxd__subcmd__help__subcmd__help)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__help__subcmd__image)
+            opts="pull import ls rm gc"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__help__subcmd__image__subcmd__gc)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__help__subcmd__image__subcmd__import)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__help__subcmd__image__subcmd__ls)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__help__subcmd__image__subcmd__pull)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__help__subcmd__image__subcmd__rm)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -711,6 +856,252 @@ _sandboxd() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image)
+            opts="-h --help pull import ls rm gc help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__gc)
+            opts="-h --config --env-file --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --env-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__help)
+            opts="pull import ls rm gc help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__help__subcmd__gc)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__help__subcmd__import)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__help__subcmd__ls)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__help__subcmd__pull)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__help__subcmd__rm)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__import)
+            opts="-h --config --env-file --state-dir --tag --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --env-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tag)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__ls)
+            opts="-h --config --env-file --state-dir --json --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --env-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__pull)
+            opts="-h --config --env-file --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --env-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sandboxd__subcmd__image__subcmd__rm)
+            opts="-h --config --env-file --state-dir --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --env-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
