@@ -96,16 +96,32 @@ async fn imported_oci_layout_runs_as_the_sandbox_root() {
     );
     let spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out_dir.join("config.json")).unwrap()).unwrap();
-    assert_eq!(
-        spec["root"]["path"],
-        state
-            .path()
-            .join("images/rootfs")
-            .join(&digest[7..])
-            .to_str()
-            .unwrap()
-    );
+    // The sandbox's `/` is the bundle's own skeleton (never the shared
+    // image directory, whose top mount a sandbox's root could remount with
+    // user namespaces); the image's top-level directories are read-only
+    // binds into it.
+    assert_eq!(spec["root"]["path"], "rootfs");
     assert_eq!(spec["root"]["readonly"], true);
+    let image_root = state.path().join("images/rootfs").join(&digest[7..]);
+    let image_binds: Vec<&serde_json::Value> = spec["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            m["source"]
+                .as_str()
+                .is_some_and(|s| std::path::Path::new(s).starts_with(&image_root))
+        })
+        .collect();
+    assert!(!image_binds.is_empty(), "no image bind: {}", spec["mounts"]);
+    for m in &image_binds {
+        let opts = m["options"].to_string();
+        assert!(opts.contains("\"ro\""), "image bind not read-only: {m}");
+    }
+    assert!(
+        !spec["mounts"].to_string().contains("\"source\":\"/usr\""),
+        "a host /usr bind in image mode"
+    );
     assert_eq!(spec["annotations"]["sandboxd.io/image"], TAG);
     let env = spec["process"]["env"].to_string();
     assert!(

@@ -74,6 +74,10 @@ pub struct HostLayout {
     /// Cover the host's `/usr/local` (under a bound `/usr`) with an empty
     /// read-only tmpfs (`[native] expose_usr_local = false`, the default).
     pub hide_usr_local: bool,
+    /// Symlinks made at the top of the bundle's rootfs skeleton (name,
+    /// target): merged-/usr's `bin -> usr/bin` and the like, the host's
+    /// ([`HostLayout::host_root_links`]) or an image's.
+    pub root_links: Vec<(String, PathBuf)>,
     /// Whether this host enforces the base spec's device allow-list (the
     /// v1 devices cgroup). When it does not (pure v2: no BPF device program
     /// is attached), bundles carry no `linux.resources.devices`, so the
@@ -98,6 +102,23 @@ impl HostLayout {
                 std::fs::canonicalize(&dest).ok().map(|src| (src, dest))
             })
             .collect()
+    }
+
+    /// Merged-/usr hosts: the top-level program directories that are
+    /// symlinks into `/usr` on this host.
+    pub fn host_root_links() -> Vec<(String, PathBuf)> {
+        [
+            ("bin", "usr/bin"),
+            ("sbin", "usr/sbin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("lib32", "usr/lib32"),
+            ("libx32", "usr/libx32"),
+        ]
+        .into_iter()
+        .filter(|(_, target)| Path::new("/").join(target).exists())
+        .map(|(link, target)| (link.to_string(), PathBuf::from(target)))
+        .collect()
     }
 
     pub fn workspace(&self, uid: &str) -> PathBuf {
@@ -156,8 +177,20 @@ pub fn build_spec(
     // Mounts: the base table (tmpfs sizes from the node limits), the
     // read-only host binds of the rootfs profile, the generated /etc files,
     // user data and skills, the agent.
-    let mut mounts: Vec<Mount> = base.mounts().clone().unwrap_or_default();
-    for m in mounts.iter_mut() {
+    // The rootfs binds come first, so the base table's mounts (tmpfs
+    // `/tmp` and `/home/gem`, `/dev`, `/proc`) land on top of an image's
+    // directories rather than under them.
+    let mut mounts: Vec<Mount> = Vec::new();
+    for (src, dest) in &host.rootfs_binds {
+        mounts.push(mount(
+            &dest.to_string_lossy(),
+            "bind",
+            src,
+            &["rbind", "ro", "nosuid", "nodev"],
+        )?);
+    }
+    let mut table: Vec<Mount> = base.mounts().clone().unwrap_or_default();
+    for m in table.iter_mut() {
         let dest = m.destination().to_string_lossy().to_string();
         let size = match dest.as_str() {
             "/tmp" => Some(host.limits.tmp_size_mb),
@@ -170,14 +203,7 @@ pub fn build_spec(
             m.set_options(Some(opts));
         }
     }
-    for (src, dest) in &host.rootfs_binds {
-        mounts.push(mount(
-            &dest.to_string_lossy(),
-            "bind",
-            src,
-            &["rbind", "ro", "nosuid", "nodev"],
-        )?);
-    }
+    mounts.extend(table);
     // What an operator installed by hand under /usr/local is not part of
     // the sandbox's userland: an empty read-only tmpfs covers it.
     let usr_bound = host
@@ -384,6 +410,7 @@ pub fn write_bundle(
     command_env: &[String],
     seccomp_verbatim: Option<&serde_json::Value>,
     resolv_conf: &str,
+    root_links: &[(String, PathBuf)],
 ) -> Result<(), BundleError> {
     let root = create_exclusive_dir(dir)?;
     let rootfs = make_dir(&root, dir, "rootfs")?;
@@ -396,19 +423,11 @@ pub fn write_bundle(
         };
         make_dir(parent.as_ref().unwrap_or(&rootfs), &rootfs_path, name)?;
     }
-    // Merged-/usr hosts: the top-level program directories are symlinks.
-    for (link, target) in [
-        ("bin", "usr/bin"),
-        ("sbin", "usr/sbin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-        ("lib32", "usr/lib32"),
-        ("libx32", "usr/libx32"),
-    ] {
-        if Path::new("/").join(target).exists() {
-            rustix::fs::symlinkat(target, &rootfs, link)
-                .map_err(|e| write_err(&rootfs_path.join(link), e))?;
-        }
+    // Merged-/usr: the top-level program directories are symlinks (the
+    // host's, or an image's top-level symlinks).
+    for (link, target) in root_links {
+        rustix::fs::symlinkat(target, &rootfs, link.as_str())
+            .map_err(|e| write_err(&rootfs_path.join(link), e))?;
     }
     let files = make_dir(&root, dir, "files")?;
     let files_path = dir.join("files");
@@ -548,6 +567,7 @@ mod tests {
             agent_path: "/opt/sandbox-agent".into(),
             rootfs_binds: vec![("/usr".into(), "/usr".into())],
             hide_usr_local: true,
+            root_links: HostLayout::host_root_links(),
             device_rules_enforced: true,
             container_port: 8080,
             limits: Limits::default(),

@@ -126,7 +126,8 @@ impl Bundler {
         image: Option<&crate::images::ResolvedImage>,
         userns: Option<&super::userns::UsernsRange>,
     ) -> Result<Spec, NativeError> {
-        let (base, host) = super::rootfs::select(&self.base, &self.host, image);
+        let (base, host) = super::rootfs::select(&self.base, &self.host, image)
+            .map_err(NativeError::ImageUnavailable)?;
         let cgroup_path = self.cgroup_parent.relative_path(&spec.sandbox_id);
         let mut oci = bundle::build_spec(
             &base,
@@ -149,7 +150,14 @@ impl Bundler {
             crate::config::NetworkMode::Egress => self.resolv_egress.as_str(),
             crate::config::NetworkMode::None => bundle::RESOLV_NO_NETWORK,
         };
-        bundle::write_bundle(dir, &oci, &env, Some(&self.seccomp.verbatim), resolv)?;
+        bundle::write_bundle(
+            dir,
+            &oci,
+            &env,
+            Some(&self.seccomp.verbatim),
+            resolv,
+            &host.root_links,
+        )?;
         Ok(oci)
     }
 }
@@ -178,6 +186,7 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
         agent_path,
         rootfs_binds: HostLayout::resolve_binds(&cfg.native),
         hide_usr_local: !cfg.native.expose_usr_local,
+        root_links: HostLayout::host_root_links(),
         // Corrected by the daemon once it knows the cgroup layout
         // (`Bundler::set_device_rules_enforced`); `sandboxd bundle` writes
         // the base spec's rules as they are.
