@@ -52,19 +52,25 @@ impl BackendKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// JSON when stderr is not a terminal or under journald
-    /// (`JOURNAL_STREAM` set), text on a terminal.
+    /// journald's native protocol when stderr is the journal stream systemd
+    /// connected it to (`JOURNAL_STREAM` names stderr's device and inode),
+    /// else JSON when stderr is not a terminal, text on a terminal.
     Auto,
     Text,
     Json,
+    /// journald's native protocol (span and event fields become journal
+    /// fields: `SANDBOX_ID`, `GENERATION`), JSON on stderr when the journal
+    /// socket cannot be reached.
+    Journald,
 }
 
 impl LogFormat {
-    /// What `Auto` means for a process whose stderr is (not) a terminal,
-    /// with (without) `JOURNAL_STREAM`.
-    pub fn resolve(self, stderr_is_tty: bool, journal_stream: bool) -> LogFormat {
+    /// What `Auto` means for a process whose stderr is (not) a terminal and
+    /// is (not) the journal stream named by `JOURNAL_STREAM`.
+    pub fn resolve(self, stderr_is_tty: bool, stderr_is_journal: bool) -> LogFormat {
         match self {
-            LogFormat::Auto if journal_stream || !stderr_is_tty => LogFormat::Json,
+            LogFormat::Auto if stderr_is_journal => LogFormat::Journald,
+            LogFormat::Auto if !stderr_is_tty => LogFormat::Json,
             LogFormat::Auto => LogFormat::Text,
             other => other,
         }
@@ -80,7 +86,8 @@ impl std::str::FromStr for LogFormat {
             "json" => Ok(LogFormat::Json),
             "text" => Ok(LogFormat::Text),
             "auto" => Ok(LogFormat::Auto),
-            _ => Err(format!("{s:?} is not auto, text or json")),
+            "journald" => Ok(LogFormat::Journald),
+            _ => Err(format!("{s:?} is not auto, text, json or journald")),
         }
     }
 }
@@ -882,8 +889,8 @@ fn set_backend(c: &mut Config, v: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `auto`, `text` or `json`
-/// exactly.
+/// `SANDBOXD_LOG_FORMAT`: empty counts as unset; `auto`, `text`, `json` or
+/// `journald` exactly.
 fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
     if !v.is_empty() {
         c.log_format = v.parse()?;
@@ -1200,6 +1207,33 @@ mod tests {
         assert_eq!(c.log_format, LogFormat::Json);
         let c = Config::load(Some(&p), &env(&[("SANDBOXD_LOG_FORMAT", "text")])).unwrap();
         assert_eq!(c.log_format, LogFormat::Text);
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_LOG_FORMAT", "journald")])).unwrap();
+        assert_eq!(c.log_format, LogFormat::Journald);
+        std::fs::write(&p, "log_format = \"journald\"\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!(c.log_format, LogFormat::Journald);
+    }
+
+    #[test]
+    fn auto_log_format_is_journald_only_on_the_journal_stream() {
+        use LogFormat::*;
+        // (stderr is a tty, stderr is the journal stream) -> format
+        for (tty, journal, want) in [
+            (false, true, Journald),
+            (true, true, Journald),
+            (false, false, Json),
+            (true, false, Text),
+        ] {
+            assert_eq!(
+                Auto.resolve(tty, journal),
+                want,
+                "tty={tty} journal={journal}"
+            );
+        }
+        for f in [Text, Json, Journald] {
+            assert_eq!(f.resolve(false, true), f);
+            assert_eq!(f.resolve(true, false), f);
+        }
     }
 
     #[test]

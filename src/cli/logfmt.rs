@@ -5,6 +5,10 @@
 //! request or reap, so a log shipper or `jq 'select(.sandbox_id == "…")'`
 //! selects one sandbox). Inner spans and the event win over outer spans on
 //! a name clash.
+//!
+//! Under journald the daemon logs through `tracing-journald` instead (see
+//! [`journald_layer`]): the same fields arrive as journal fields
+//! (`SANDBOX_ID`, `GENERATION`), so `journalctl SANDBOX_ID=…` selects them.
 
 use std::fmt;
 
@@ -79,6 +83,73 @@ where
     }
 }
 
+/// Where `tracing-journald` sends its datagrams (fixed in the crate).
+pub const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+/// Whether a `JOURNAL_STREAM` value (`<device>:<inode>`, both decimal, as
+/// systemd sets it for a unit whose stdout/stderr is the journal) names the
+/// file with device `dev` and inode `ino`.
+pub fn journal_stream_names(value: &str, dev: u64, ino: u64) -> bool {
+    let Some((d, i)) = value.trim().split_once(':') else {
+        return false;
+    };
+    d.parse::<u64>().ok() == Some(dev) && i.parse::<u64>().ok() == Some(ino)
+}
+
+/// Whether this process's stderr is the journal stream systemd gave it:
+/// `JOURNAL_STREAM` is set and names fd 2's device and inode (a daemon
+/// started from a shell of a unit inherits the variable but not the
+/// stream; see `sd_journal_stream_fd(3)` and `systemd.exec(5)`).
+pub fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd;
+    is_journal_stream(
+        std::env::var_os("JOURNAL_STREAM").as_deref(),
+        std::io::stderr().as_fd(),
+    )
+}
+
+/// Whether `journal_stream` (a `JOURNAL_STREAM` value, if any) names the
+/// file open at `fd` (its fstat(2) device and inode).
+fn is_journal_stream(
+    journal_stream: Option<&std::ffi::OsStr>,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(value) = journal_stream.and_then(|v| v.to_str()) else {
+        return false;
+    };
+    // fstat(2) of a duplicate of `fd` (the same open file).
+    let meta = fd
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata());
+    match meta {
+        Ok(m) => journal_stream_names(value, m.dev(), m.ino()),
+        Err(_) => false,
+    }
+}
+
+/// The journald layer: every field of the event and of its spans is a
+/// journal field of its own, named by upper-casing (`sandbox_id` →
+/// `SANDBOX_ID`, no `F_` prefix), next to `MESSAGE`, `PRIORITY`, `TARGET`,
+/// `CODE_FILE`, `CODE_LINE`, `SPAN_NAME` (one per enclosing span) and
+/// `SYSLOG_IDENTIFIER=sandboxd`. Levels map to syslog priorities the usual
+/// way (error 3, warn 4, info 6, debug and trace 7). Fails when the journal
+/// socket cannot be reached.
+pub fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
+    use tracing_journald::{Priority, PriorityMappings};
+    Ok(tracing_journald::layer()?
+        .with_field_prefix(None)
+        .with_syslog_identifier("sandboxd".into())
+        .with_priority_mappings(PriorityMappings {
+            error: Priority::Error,
+            warn: Priority::Warning,
+            info: Priority::Informational,
+            debug: Priority::Debug,
+            trace: Priority::Debug,
+        }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,5 +206,39 @@ mod tests {
         assert_eq!(lines[1]["level"], "WARN");
         assert_eq!(lines[1]["message"], "inside \"quoted\"");
         assert!(lines[1]["timestamp"].as_str().unwrap().contains('T'));
+    }
+
+    #[test]
+    fn journal_stream_matches_device_and_inode() {
+        assert!(journal_stream_names("8:1234", 8, 1234));
+        assert!(journal_stream_names("66311:48120\n", 66311, 48120));
+        assert!(journal_stream_names(
+            &format!("{}:{}", u64::MAX, 1),
+            u64::MAX,
+            1
+        ));
+        for other in [
+            "8:1235", "9:1234", "1234:8", "8", "8:", ":1234", "", "8:1234:5", "x:y", "-8:1234",
+        ] {
+            assert!(!journal_stream_names(other, 8, 1234), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn the_journal_stream_is_the_file_at_the_fd() {
+        use std::ffi::OsStr;
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        let f = tempfile::tempfile().unwrap();
+        let other = tempfile::tempfile().unwrap();
+        let m = f.metadata().unwrap();
+        let value = format!("{}:{}", m.dev(), m.ino());
+        let value = Some(OsStr::new(&value));
+        assert!(is_journal_stream(value, f.as_fd()));
+        assert!(!is_journal_stream(value, other.as_fd()));
+        assert!(!is_journal_stream(None, f.as_fd()));
+        assert!(!is_journal_stream(Some(OsStr::new("")), f.as_fd()));
+        // The process's own stderr is not a file of this test's.
+        assert!(!is_journal_stream(value, std::io::stderr().as_fd()));
     }
 }

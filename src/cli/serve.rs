@@ -25,31 +25,61 @@ use crate::lifecycle::{Lifecycle, Settings};
 use crate::metrics::Metrics;
 use crate::systemd::{ActivatedListener, Notifier, SystemdEnv};
 
-/// Sets up `tracing` (text or JSON on stderr; `RUST_LOG` filters). `auto`:
-/// JSON when stderr is not a terminal or under journald, text on a terminal.
+/// Sets up `tracing` (text or JSON on stderr, or journald's native
+/// protocol; `RUST_LOG` filters). `auto`: journald when `JOURNAL_STREAM`
+/// names stderr, else JSON when stderr is not a terminal, text on a
+/// terminal.
 pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let format = format.resolve(tty, std::env::var_os("JOURNAL_STREAM").is_some());
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        // libcgroups warns about every v1 controller a host lacks, on every
-        // cgroup it opens: keep that out of the default log.
-        // netlink-packet-route warns about every attribute newer than it on
-        // every link dump.
-        .unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new("info,libcgroups=error,netlink_packet_route=error")
-        });
+    let format = format.resolve(tty, super::logfmt::stderr_is_journal());
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            // libcgroups warns about every v1 controller a host lacks, on every
+            // cgroup it opens: keep that out of the default log.
+            // netlink-packet-route warns about every attribute newer than it on
+            // every link dump.
+            .unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(
+                    "info,libcgroups=error,netlink_packet_route=error",
+                )
+            })
+    };
+    // Span and event fields as journal fields (SANDBOX_ID, GENERATION);
+    // without a reachable journal socket, JSON lines on stderr and a warning.
+    let mut no_journal = None;
+    if format == LogFormat::Journald {
+        match super::logfmt::journald_layer() {
+            Ok(layer) => {
+                let _ = tracing_subscriber::registry()
+                    .with(filter())
+                    .with(layer)
+                    .try_init();
+                return;
+            }
+            Err(e) => no_journal = Some(e),
+        }
+    }
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter())
         .with_writer(std::io::stderr)
         .with_ansi(tty);
     let _ = match format {
         // Span fields (sandbox_id, generation) at the top level of each line.
-        LogFormat::Json | LogFormat::Auto => builder
+        LogFormat::Json | LogFormat::Auto | LogFormat::Journald => builder
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .event_format(super::logfmt::FlatJson)
             .try_init(),
         LogFormat::Text => builder.try_init(),
     };
+    if let Some(e) = no_journal {
+        warn!(
+            socket = super::logfmt::JOURNAL_SOCKET,
+            error = %e,
+            "cannot reach journald: logging JSON lines to stderr instead"
+        );
+    }
 }
 
 pub fn load_config(args: &ServeArgs) -> anyhow::Result<Config> {

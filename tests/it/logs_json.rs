@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::common::{create_body, mkdir_user, privileged, Daemon, NativeDirs};
 
-fn json_lines(d: &Daemon) -> Vec<Value> {
+pub fn json_lines(d: &Daemon) -> Vec<Value> {
     let lines = d.log.lock().unwrap().clone();
     lines
         .iter()
@@ -19,7 +19,7 @@ fn json_lines(d: &Daemon) -> Vec<Value> {
 
 /// Lines about `id`: every one carries `generation`, and among them are
 /// the create's and the delete's.
-fn assert_sandbox_lines(lines: &[Value], id: &str, generation: &str) {
+pub fn assert_sandbox_lines(lines: &[Value], id: &str, generation: &str) {
     let ours: Vec<&Value> = lines.iter().filter(|l| l["sandbox_id"] == id).collect();
     for l in &ours {
         assert_eq!(

@@ -30,6 +30,7 @@ mod fuzz_api;
 mod images;
 mod kube_backend;
 mod kube_golden;
+mod logs_journald;
 mod logs_json;
 mod native;
 mod native_cgroups;
