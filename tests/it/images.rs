@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use crate::common::oci::{
-    busybox_image, image_cli, layer_digests, layer_tar, store_contents, Compression, Entry, Image,
-    Registry,
+    busybox_image, image_cli, layer_digests, layer_tar, store_contents, which, Compression, Entry,
+    Image, Registry, TokenServer,
 };
 use crate::common::{create_body, privileged, require_failpoints, Daemon, NativeDirs, TOKEN};
 
@@ -698,9 +698,306 @@ fn registry_basic_auth_from_a_docker_config() {
         let (ok, _, err) = image_cli(state.path(), &["pull", &r], &env);
         assert_eq!(ok, ok_expected, "auth file {file:?}: {err}");
         if !ok {
+            let needle = match file {
+                None => "no credentials for",
+                Some(_) => "refused the credentials the auth file has for it",
+            };
+            assert!(
+                err.contains("Not authorized") && err.contains(needle),
+                "auth file {file:?}: error lacks {needle:?}: {err}"
+            );
             assert_eq!(store_contents(state.path()), (0, 0, 0, 0));
         }
     }
+}
+
+/// Docker token auth: the registry (`auth: token:`) sends clients to a
+/// token server of the test's own, which checks the basic credentials of
+/// the Docker `config.json` and issues an RS256 JWT the registry verifies
+/// against the token server's certificate (its `rootcertbundle`).
+#[test]
+fn registry_token_auth_from_a_docker_config() {
+    if !privileged("registry_token_auth_from_a_docker_config") {
+        return;
+    }
+    let tokens = TokenServer::start("alice", "s3cret");
+    let reg = Registry::start_token(&tokens);
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("bb");
+    let manifest = busybox_image().write_oci_layout(&layout, "1");
+    let r = reg.push_as(&layout, "1", "test/private", Some("alice:s3cret"));
+    // skopeo went through the token server for push access.
+    let granted = |actions: &str| {
+        let want = format!("repository:test/private:{actions}");
+        tokens.requests().iter().any(|t| {
+            t["granted"] == true
+                && t["user"] == "alice"
+                && t["scopes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s.as_str() == Some(want.as_str()))
+        })
+    };
+    assert!(
+        granted("pull,push"),
+        "skopeo's push did not use a token: {:?}",
+        tokens.requests()
+    );
+    assert!(!granted("pull"), "a pull token before any pull");
+
+    // base64("alice:s3cret")
+    let auth = work.path().join("auth.json");
+    std::fs::write(
+        &auth,
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "YWxpY2U6czNjcmV0"}}}}}}"#,
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let wrong = work.path().join("wrong.json");
+    std::fs::write(
+        &wrong,
+        format!(
+            r#"{{"auths": {{"{}": {{"username": "alice", "password": "nope"}}}}}}"#,
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let insecure = ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str());
+    let pull = |file: Option<&Path>| {
+        let state = tempfile::tempdir().unwrap();
+        let mut env = vec![insecure];
+        let f;
+        if let Some(p) = file {
+            f = p.to_string_lossy().to_string();
+            env.push(("SANDBOXD_IMAGES_AUTH_FILE", f.as_str()));
+        }
+        let (ok, out, err) = image_cli(state.path(), &["pull", &r], &env);
+        (state, ok, out, err)
+    };
+
+    // No credentials: the token server refuses the anonymous token request
+    // and the registry the tokenless manifest request (401). The wrong
+    // password: the token server refuses, and the pull fails with its
+    // answer. Either way nothing is stored.
+    let refused = || {
+        tokens
+            .requests()
+            .into_iter()
+            .filter(|t| t["granted"] == false)
+            .collect::<Vec<_>>()
+    };
+    let no_creds = format!(
+        "Not authorized: url http://{}/v2/test/private/manifests/1 (no credentials for {}",
+        reg.addr, reg.addr
+    );
+    let refused_creds = format!(
+        "{} refused the credentials the auth file has for it: Authentication failure:",
+        reg.addr
+    );
+    for (file, who, needles, user) in [
+        (
+            None,
+            "no auth file",
+            [no_creds.as_str(), "add them to the [images] auth_file"],
+            serde_json::Value::Null,
+        ),
+        (
+            Some(wrong.as_path()),
+            "wrong password",
+            [refused_creds.as_str(), "token server: bad credentials"],
+            serde_json::json!("alice"),
+        ),
+    ] {
+        let before = refused().len();
+        let (state, ok, _, err) = pull(file);
+        assert!(!ok, "{who}: pulled");
+        assert!(
+            err.contains(&format!("pulling {r}: registry: "))
+                && needles.iter().all(|n| err.contains(n)),
+            "{who}: error lacks {needles:?}: {err}"
+        );
+        assert_eq!(
+            store_contents(state.path()),
+            (0, 0, 0, 0),
+            "{who}: leftovers"
+        );
+        let now = refused();
+        assert_eq!(
+            now.len(),
+            before + 1,
+            "{who}: the token server was not asked: {:?}",
+            tokens.requests()
+        );
+        assert_eq!(now[before]["user"], user, "{who}: {:?}", now[before]);
+    }
+    assert!(!granted("pull"), "a token for wrong credentials");
+
+    // The right credentials: a pull-only token, the image pulled and verified.
+    let (state, ok, out, err) = pull(Some(&auth));
+    assert!(ok, "right credentials: {err}");
+    assert!(out.contains(&manifest), "{out}");
+    assert!(err.contains("verified"), "{err}");
+    assert!(
+        granted("pull"),
+        "the pull did not use a token: {:?}",
+        tokens.requests()
+    );
+    let last = tokens.requests().pop().unwrap();
+    assert_eq!(
+        last["access"],
+        serde_json::json!([{"type": "repository", "name": "test/private", "actions": ["pull"]}]),
+        "{last}"
+    );
+    let rootfs = state.path().join("images/rootfs").join(&manifest[7..]);
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("image-marker")).unwrap(),
+        "from-the-image\n"
+    );
+    assert_eq!(store_contents(state.path()).2, 1);
+
+    // The registry checks the token's signature: an impostor token server
+    // (its own key and certificate, same issuer and service) grants the
+    // right credentials a token, which the registry trusting the real
+    // certificate refuses (401, where an accepted token would have met a
+    // 404 for this empty registry).
+    let impostor = TokenServer::start("alice", "s3cret");
+    let reg2 = Registry::start_token_trusting(&impostor, &tokens.cert);
+    let r2 = format!("{}/test/private:1", reg2.addr);
+    let auth2 = work.path().join("auth2.json");
+    std::fs::write(
+        &auth2,
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "YWxpY2U6czNjcmV0"}}}}}}"#,
+            reg2.addr
+        ),
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let f = auth2.to_string_lossy().to_string();
+    let (ok, _, err) = image_cli(
+        state.path(),
+        &["pull", &r2],
+        &[
+            ("SANDBOXD_INSECURE_REGISTRIES", reg2.addr.as_str()),
+            ("SANDBOXD_IMAGES_AUTH_FILE", f.as_str()),
+        ],
+    );
+    assert!(!ok, "a token signed by an untrusted key was accepted");
+    assert!(
+        err.contains("Not authorized") && err.contains("refused the credentials"),
+        "{err}"
+    );
+    assert!(
+        impostor.requests().iter().any(|t| t["granted"] == true),
+        "the impostor was not asked: {:?}",
+        impostor.requests()
+    );
+    assert_eq!(store_contents(state.path()), (0, 0, 0, 0));
+}
+
+/// `sandboxd image pull` draws per-layer progress bars when stderr is a
+/// terminal (here a pseudo-terminal of `script`, util-linux) and writes
+/// plain per-layer lines, no escape sequences, otherwise.
+#[test]
+fn pull_progress_bars_on_a_tty_plain_lines_otherwise() {
+    if !privileged("pull_progress_bars_on_a_tty_plain_lines_otherwise") {
+        return;
+    }
+    let script = which("script").expect("script is missing: apt-get install bsdutils (util-linux)");
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("bb");
+    let manifest = busybox_image().write_oci_layout(&layout, "1");
+    let r = reg.push(&layout, "1", "test/busybox");
+    let layers: Vec<String> = layer_digests(&layout, &manifest)
+        .iter()
+        .map(|d| d[7..19].to_string())
+        .collect();
+    assert_eq!(layers.len(), 2);
+
+    // Not a terminal: one line per blob fetched and verified, per layer unpacked.
+    let state = tempfile::tempdir().unwrap();
+    let (ok, out, err) = image_cli(
+        state.path(),
+        &["pull", &r],
+        &[("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str())],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(&manifest), "{out}");
+    for (i, l) in layers.iter().enumerate() {
+        for want in [
+            format!("layer {l}: fetching"),
+            format!("{l} verified"),
+            format!("unpacking layer {}/2 {l}", i + 1),
+        ] {
+            assert!(err.contains(&want), "no {want:?} in plain output:\n{err}");
+        }
+    }
+    assert!(
+        !err.contains('\x1b') && !err.contains('\r'),
+        "escape sequences or carriage returns without a terminal: {err:?}"
+    );
+
+    // On a terminal: bars named by layer, drawn with escape sequences and
+    // carriage returns, no plain lines.
+    let state = tempfile::tempdir().unwrap();
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let cmd = [
+        env!("CARGO_BIN_EXE_sandboxd"),
+        "image",
+        "pull",
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        &r,
+    ]
+    .iter()
+    .map(|a| quote(a))
+    .collect::<Vec<_>>()
+    .join(" ");
+    let run = std::process::Command::new(script)
+        .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+        .env_remove("SANDBOXD_CONFIG")
+        .env_remove("SANDBOX_IMAGE")
+        .env("SANDBOXD_INSECURE_REGISTRIES", &reg.addr)
+        .env("TERM", "xterm")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let tty = String::from_utf8_lossy(&run.stdout).to_string();
+    assert!(
+        run.status.success(),
+        "pull under a terminal: {tty:?} {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(tty.contains(&manifest), "{tty:?}");
+    // (The terminal turns every "\n" into "\r\n"; a bar redraws its line
+    // with a bare "\r" and erases with escape sequences.)
+    assert!(
+        tty.contains("\x1b[") && tty.replace("\r\n", "\n").contains('\r'),
+        "no terminal drawing: {tty:?}"
+    );
+    for (i, l) in layers.iter().enumerate() {
+        assert!(
+            tty.contains(&format!("layer {l}")),
+            "no bar for layer {l}: {tty:?}"
+        );
+        assert!(
+            tty.contains(&format!("unpacking layer {}/2 {l}", i + 1)),
+            "{tty:?}"
+        );
+        assert!(
+            !tty.contains(&format!("layer {l}: fetching")),
+            "plain lines on a terminal: {tty:?}"
+        );
+    }
+    // A finished bar: full, with its byte counts.
+    assert!(
+        tty.contains(&format!("[{}]", "=".repeat(30))),
+        "no finished bar: {tty:?}"
+    );
 }
 
 #[test]

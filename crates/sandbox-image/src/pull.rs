@@ -188,10 +188,38 @@ pub async fn pull(
     }
     let started = std::time::Instant::now();
     let c = client(opts.registry);
-    let (bytes, header_digest) = c
-        .pull_manifest_raw(&r, &auth, ACCEPTED)
-        .await
-        .map_err(registry_err)?;
+    // With credentials, authenticate first: on a token (bearer) registry
+    // oci-client would otherwise drop the token server's refusal and go on
+    // without a token, ending in a bare "Not authorized".
+    if !matches!(auth, RegistryAuth::Anonymous) {
+        c.auth(&r, &auth, oci_client::RegistryOperation::Pull)
+            .await
+            .map_err(|e| {
+                PullError::Registry(format!(
+                    "{} refused the credentials the auth file has for it: {e}",
+                    r.resolve_registry()
+                ))
+            })?;
+    }
+    let (bytes, header_digest) =
+        c.pull_manifest_raw(&r, &auth, ACCEPTED)
+            .await
+            .map_err(|e| match (&e, &auth) {
+                (oci_client::errors::OciDistributionError::UnauthorizedError { .. }, a) => {
+                    PullError::Registry(if matches!(a, RegistryAuth::Anonymous) {
+                        format!(
+                            "{e} (no credentials for {}: add them to the [images] auth_file)",
+                            r.resolve_registry()
+                        )
+                    } else {
+                        format!(
+                            "{e} ({} refused the credentials the auth file has for it)",
+                            r.resolve_registry()
+                        )
+                    })
+                }
+                _ => registry_err(e),
+            })?;
     let got = Digest::of(&bytes);
     verify_manifest(&r, &bytes, &got, &header_digest)?;
     let mut refs = vec![name];

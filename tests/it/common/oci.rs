@@ -345,6 +345,48 @@ impl Registry {
     /// With `Some((user, password))`: HTTP basic auth (htpasswd, bcrypt by
     /// `htpasswd` of apache2-utils) on every request.
     pub fn start_auth(creds: Option<(&str, &str)>) -> Registry {
+        Registry::start_with(|root| {
+            let (user, password) = creds?;
+            let htpasswd = which("htpasswd")
+                .expect("htpasswd is missing: apt-get install apache2-utils (see .ci/run)");
+            let out = std::process::Command::new(htpasswd)
+                .args(["-Bbn", user, password])
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            let file = root.join("htpasswd");
+            std::fs::write(&file, &out.stdout).unwrap();
+            Some(format!(
+                "auth:\n  htpasswd:\n    realm: test\n    path: {}\n",
+                file.display()
+            ))
+        })
+    }
+
+    /// Docker token auth: clients are sent to `tokens`' realm for a JWT,
+    /// which the registry verifies against the token server's certificate
+    /// (`rootcertbundle`), issuer and service.
+    pub fn start_token(tokens: &TokenServer) -> Registry {
+        Registry::start_token_trusting(tokens, &tokens.cert)
+    }
+
+    /// [`start_token`](Self::start_token), trusting `cert` (not
+    /// necessarily the token server's) as its `rootcertbundle`.
+    pub fn start_token_trusting(tokens: &TokenServer, cert: &Path) -> Registry {
+        Registry::start_with(|_| {
+            Some(format!(
+                "auth:\n  token:\n    realm: {}\n    service: {}\n    issuer: {}\n    rootcertbundle: {}\n",
+                tokens.realm,
+                TokenServer::SERVICE,
+                TokenServer::ISSUER,
+                cert.display()
+            ))
+        })
+    }
+
+    /// A registry whose config gets the `auth:` section `auth` returns
+    /// (given the registry's temp root).
+    fn start_with(auth: impl FnOnce(&Path) -> Option<String>) -> Registry {
         let bin = which("docker-registry")
             .expect("docker-registry is missing: apt-get install docker-registry (see .ci/run)");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -359,20 +401,8 @@ impl Registry {
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
             root.path().join("data").display()
         );
-        if let Some((user, password)) = creds {
-            let htpasswd = which("htpasswd")
-                .expect("htpasswd is missing: apt-get install apache2-utils (see .ci/run)");
-            let out = std::process::Command::new(htpasswd)
-                .args(["-Bbn", user, password])
-                .output()
-                .unwrap();
-            assert!(out.status.success());
-            let file = root.path().join("htpasswd");
-            std::fs::write(&file, &out.stdout).unwrap();
-            yml.push_str(&format!(
-                "auth:\n  htpasswd:\n    realm: test\n    path: {}\n",
-                file.display()
-            ));
+        if let Some(a) = auth(root.path()) {
+            yml.push_str(&a);
         }
         std::fs::write(&config, yml).unwrap();
         let child = std::process::Command::new(bin)
@@ -479,4 +509,95 @@ pub fn layer_digests(layout: &Path, manifest: &str) -> Vec<String> {
         .iter()
         .map(|l| l["digest"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// A registry token server of the test's own (`tests/py/token_server.py`,
+/// Python's stdlib HTTP server on a free loopback port): it checks the
+/// client's basic credentials against `user`/`password` and issues JWTs
+/// signed RS256 (by `openssl dgst`) with a key whose self-signed
+/// certificate (made here by `openssl req`) rides in the token's `x5c`
+/// header and is the registry's `rootcertbundle`.
+pub struct TokenServer {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT/token`
+    pub realm: String,
+    /// The certificate the registry trusts.
+    pub cert: PathBuf,
+    /// One JSON line per token request: `{"granted", "user", "scopes", "access"}`.
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TokenServer {
+    pub const SERVICE: &'static str = "sandboxd-test-registry";
+    pub const ISSUER: &'static str = "sandboxd-test-token-issuer";
+
+    pub fn start(user: &str, password: &str) -> TokenServer {
+        let openssl =
+            which("openssl").expect("openssl is missing: apt-get install openssl (see .ci/run)");
+        let python =
+            which("python3").expect("python3 is missing: apt-get install python3 (see .ci/run)");
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        let cert = dir.path().join("cert.pem");
+        let out = std::process::Command::new(openssl)
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args(["-subj", "/CN=sandboxd-test-token-issuer", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl req: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log = dir.path().join("tokens.jsonl");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/token_server.py");
+        let mut child = std::process::Command::new(python)
+            .arg(&script)
+            .arg(&key)
+            .arg(&cert)
+            .args([Self::ISSUER, Self::SERVICE, user, password])
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start tests/py/token_server.py");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let port: u16 = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("token server did not print its port: {line:?}"));
+        TokenServer {
+            child,
+            realm: format!("http://127.0.0.1:{port}/token"),
+            cert,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The token requests so far (one JSON object each).
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
