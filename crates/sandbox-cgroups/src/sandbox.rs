@@ -77,15 +77,6 @@ impl SandboxCgroup {
         self.dirs.values().collect()
     }
 
-    /// The directory whose `cgroup.procs` lists the sandbox's processes
-    /// (devices first, as libcgroups reads it).
-    fn procs_dir(&self) -> Option<&PathBuf> {
-        ["devices", "memory", "freezer", "cpu", "pids"]
-            .iter()
-            .find_map(|c| self.dirs.get(*c))
-            .or_else(|| self.dirs.values().next())
-    }
-
     pub fn sandbox_id(&self) -> &str {
         &self.id
     }
@@ -102,12 +93,18 @@ impl SandboxCgroup {
         Ok(())
     }
 
-    /// Every process in the cgroup (and its children cgroups).
+    /// Every process in the cgroup (and its children cgroups), in any
+    /// controller: a sandbox's processes are in all of them, but a cgroup
+    /// someone else made (an orphan being removed) may hold a process in
+    /// only some (v1), which must be killed too or its directory stays
+    /// busy.
     pub fn pids(&self) -> Result<Vec<i32>, CgroupError> {
         let mut out = Vec::new();
-        if let Some(dir) = self.procs_dir() {
+        for dir in self.distinct_dirs() {
             collect_pids(dir, &mut out)?;
         }
+        out.sort_unstable();
+        out.dedup();
         Ok(out)
     }
 
