@@ -1065,3 +1065,102 @@ fn an_index_resolves_to_the_linux_amd64_image() {
         assert!(rootfs.join("image-marker").exists() && !rootfs.join("arm").exists());
     }
 }
+
+/// With user namespaces, a sandbox's root (uid 0 in its own user
+/// namespace, every capability, no seccomp: entered from the host with
+/// `nsenter`) cannot make the shared image writable: the image's top-level
+/// binds are locked read-only mounts, and the top of `/` is the bundle's
+/// own skeleton (whose files belong to host root, which has no id inside),
+/// never the store's directory of the image.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sandbox_root_cannot_write_the_shared_image() {
+    if !privileged("the_sandbox_root_cannot_write_the_shared_image") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let state = tempfile::tempdir().unwrap();
+    let layout = tempfile::tempdir().unwrap();
+    let digest = busybox_image().write_oci_layout(layout.path(), "1");
+    let (ok, _, err) = image_cli(
+        state.path(),
+        &["import", layout.path().to_str().unwrap(), "--tag", TAG],
+        &[],
+    );
+    assert!(ok, "import failed: {err}");
+    let image_root = state.path().join("images/rootfs").join(&digest[7..]);
+    assert!(image_root.join("image-marker").is_file());
+
+    let d = Daemon::start_native_in(
+        &dirs,
+        state,
+        &[
+            ("SANDBOX_IMAGE", TAG),
+            ("SANDBOXD_NETWORK", "none"),
+            ("SANDBOXD_USERNS", "on"),
+        ],
+    );
+    let (s, v) = d.create(create_body("img-root", "t", "u1")).await;
+    assert_eq!(s, 200, "{v}");
+    let st: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(d.state_dir.path().join("sandboxes/img-root/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(st["userns"]["host"].is_u64(), "no user namespace: {st}");
+    let pid = st["pid"].as_u64().unwrap();
+
+    // The image ships busybox with a few applet links only: call the
+    // others through the binary.
+    let script = "bb=/bin/busybox; $bb id -u; \
+        for m in /bin /etc /image-marker /etc/os-release; do \
+          $bb mount -o remount,bind,rw $m 2>/dev/null && echo LOOSENED $m; \
+        done; \
+        for m in /bin /etc; do $bb umount -l $m 2>/dev/null && echo UNMOUNTED $m; done; \
+        $bb mount -o remount,bind,rw / 2>/dev/null; $bb mount -o remount,rw / 2>/dev/null; \
+        $bb touch /probe 2>/dev/null && echo WROTE /probe; \
+        $bb mkdir /probe-dir 2>/dev/null && echo WROTE /probe-dir; \
+        (echo tampered > /image-marker) 2>/dev/null && echo WROTE /image-marker; \
+        (echo tampered > /etc/os-release) 2>/dev/null && echo WROTE /etc/os-release; \
+        $bb touch /bin/probe 2>/dev/null && echo WROTE /bin; \
+        $bb chmod 777 /etc 2>/dev/null && echo WROTE /etc; \
+        echo done";
+    let out = std::process::Command::new("nsenter")
+        .args([
+            "-t",
+            &pid.to_string(),
+            "-U",
+            "-m",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .expect("this test needs nsenter (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with("0\n"),
+        "nsenter did not become the sandbox's root: {text}"
+    );
+    assert!(text.ends_with("done\n"), "{text}");
+    for bad in ["LOOSENED", "UNMOUNTED", "WROTE"] {
+        assert!(!text.contains(bad), "{text}");
+    }
+    // The store's copy is untouched.
+    assert_eq!(
+        std::fs::read_to_string(image_root.join("image-marker")).unwrap(),
+        "from-the-image\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(image_root.join("etc/os-release")).unwrap(),
+        "ID=sandboxd-test-image\n"
+    );
+    assert!(!image_root.join("probe").exists());
+    assert!(!image_root.join("bin/probe").exists());
+    let (s, v) = d.json("DELETE", "/api/sandboxes/img-root", None).await;
+    assert_eq!(s, 200, "{v}");
+}
