@@ -49,6 +49,25 @@ async fn assert_runs_the_image(d: &Daemon, id: &str) {
     );
 }
 
+/// Docker-style `config.json` files for `registry` in `dir`: one with
+/// alice's right password (as `auth`, base64 of `alice:s3cret`), one with a
+/// wrong one (as `username`/`password`).
+fn auth_files(dir: &Path, registry: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let auth = dir.join("auth.json");
+    std::fs::write(
+        &auth,
+        format!(r#"{{"auths": {{"{registry}": {{"auth": "YWxpY2U6czNjcmV0"}}}}}}"#),
+    )
+    .unwrap();
+    let wrong = dir.join("wrong.json");
+    std::fs::write(
+        &wrong,
+        format!(r#"{{"auths": {{"{registry}": {{"username": "alice", "password": "nope"}}}}}}"#),
+    )
+    .unwrap();
+    (auth, wrong)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn imported_oci_layout_runs_as_the_sandbox_root() {
     if !privileged("imported_oci_layout_runs_as_the_sandbox_root") {
@@ -667,25 +686,7 @@ fn registry_basic_auth_from_a_docker_config() {
     let layout = work.path().join("bb");
     busybox_image().write_oci_layout(&layout, "1");
     let r = reg.push_as(&layout, "1", "test/private", Some("alice:s3cret"));
-    // base64("alice:s3cret")
-    let auth = work.path().join("auth.json");
-    std::fs::write(
-        &auth,
-        format!(
-            r#"{{"auths": {{"{}": {{"auth": "YWxpY2U6czNjcmV0"}}}}}}"#,
-            reg.addr
-        ),
-    )
-    .unwrap();
-    let wrong = work.path().join("wrong.json");
-    std::fs::write(
-        &wrong,
-        format!(
-            r#"{{"auths": {{"{}": {{"username": "alice", "password": "nope"}}}}}}"#,
-            reg.addr
-        ),
-    )
-    .unwrap();
+    let (auth, wrong) = auth_files(work.path(), &reg.addr);
     let insecure = ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str());
     for (file, ok_expected) in [(None, false), (Some(&wrong), false), (Some(&auth), true)] {
         let state = tempfile::tempdir().unwrap();
@@ -746,25 +747,7 @@ fn registry_token_auth_from_a_docker_config() {
     );
     assert!(!granted("pull"), "a pull token before any pull");
 
-    // base64("alice:s3cret")
-    let auth = work.path().join("auth.json");
-    std::fs::write(
-        &auth,
-        format!(
-            r#"{{"auths": {{"{}": {{"auth": "YWxpY2U6czNjcmV0"}}}}}}"#,
-            reg.addr
-        ),
-    )
-    .unwrap();
-    let wrong = work.path().join("wrong.json");
-    std::fs::write(
-        &wrong,
-        format!(
-            r#"{{"auths": {{"{}": {{"username": "alice", "password": "nope"}}}}}}"#,
-            reg.addr
-        ),
-    )
-    .unwrap();
+    let (auth, wrong) = auth_files(work.path(), &reg.addr);
     let insecure = ("SANDBOXD_INSECURE_REGISTRIES", reg.addr.as_str());
     let pull = |file: Option<&Path>| {
         let state = tempfile::tempdir().unwrap();
@@ -1123,30 +1106,7 @@ async fn the_sandbox_root_cannot_write_the_shared_image() {
         $bb touch /bin/probe 2>/dev/null && echo WROTE /bin; \
         $bb chmod 777 /etc 2>/dev/null && echo WROTE /etc; \
         echo done";
-    let out = std::process::Command::new("nsenter")
-        .args([
-            "-t",
-            &pid.to_string(),
-            "-U",
-            "-m",
-            "--",
-            "/bin/sh",
-            "-c",
-            script,
-        ])
-        .output()
-        .expect("this test needs nsenter (util-linux)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.starts_with("0\n"),
-        "nsenter did not become the sandbox's root: {text}"
-    );
-    assert!(text.ends_with("done\n"), "{text}");
+    let text = crate::common::sh_as_sandbox_root(pid, false, script);
     for bad in ["LOOSENED", "UNMOUNTED", "WROTE"] {
         assert!(!text.contains(bad), "{text}");
     }

@@ -219,31 +219,7 @@ async fn the_sandbox_root_cannot_loosen_its_mounts() {
             [ -e $f ] && (echo 1 > $f) 2>/dev/null && echo WROTE $f; \
           done; \
         echo done";
-    let out = std::process::Command::new("nsenter")
-        .args([
-            "-t",
-            &pid.to_string(),
-            "-U",
-            "-m",
-            "-C",
-            "--",
-            "/bin/sh",
-            "-c",
-            script,
-        ])
-        .output()
-        .expect("this test needs nsenter (util-linux)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.starts_with("0\n"),
-        "nsenter did not become the sandbox's root: {text}"
-    );
-    assert!(text.ends_with("done\n"), "{text}");
+    let text = common::sh_as_sandbox_root(pid.into(), true, script);
     for bad in ["LOOSENED", "UNMOUNTED", "WROTE"] {
         assert!(!text.contains(bad), "{text}");
     }

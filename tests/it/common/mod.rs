@@ -557,3 +557,34 @@ pub fn children_of(daemon_pid: u32) -> usize {
         })
         .count()
 }
+
+/// Runs `script` with `/bin/sh` as the root of sandbox `pid`'s user
+/// namespace, in its mount namespace (and cgroup namespace with `cgroup`),
+/// entered from the host with `nsenter`: every capability there and no
+/// seccomp filter, the worst case. Returns stdout after checking that the
+/// shell ran as uid 0 (`script` must print `id -u` first) and reached its
+/// final `echo done`.
+pub fn sh_as_sandbox_root(pid: u64, cgroup: bool, script: &str) -> String {
+    let pid = pid.to_string();
+    let mut args = vec!["-t", pid.as_str(), "-U", "-m"];
+    if cgroup {
+        args.push("-C");
+    }
+    args.extend(["--", "/bin/sh", "-c", script]);
+    let out = std::process::Command::new("nsenter")
+        .args(&args)
+        .output()
+        .expect("this test needs nsenter (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with("0\n"),
+        "nsenter did not become the sandbox's root: {text}"
+    );
+    assert!(text.ends_with("done\n"), "{text}");
+    text
+}
