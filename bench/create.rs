@@ -63,7 +63,34 @@ const NET_ENV: [(&str, &str); 3] = [
     ("SANDBOXD_NETWORK_SUBNET", "10.252.0.0/16"),
 ];
 
+/// A second daemon's (the warm-pool bench runs two side by side).
+const NET_ENV_B: [(&str, &str); 3] = [
+    ("SANDBOXD_NETWORK_TABLE", "sandboxd_bench_b"),
+    ("SANDBOXD_NETWORK_LINK_PREFIX", "sbxbm-"),
+    ("SANDBOXD_NETWORK_SUBNET", "10.253.0.0/16"),
+];
+
+/// A daemon of the default configuration but for its network mode and
+/// no warm pool: the create figures are of cold starts.
 fn start_daemon(root: &Path, network: &str) -> Daemon {
+    start_daemon_with(
+        root,
+        network,
+        network,
+        &[("SANDBOXD_POOL_SIZE", "0")],
+        NET_ENV,
+        "sandboxd-bench",
+    )
+}
+
+fn start_daemon_with(
+    root: &Path,
+    name: &str,
+    network: &str,
+    extra: &[(&str, &str)],
+    net: [(&str, &str); 3],
+    cgroup_parent: &str,
+) -> Daemon {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -77,15 +104,16 @@ fn start_daemon(root: &Path, network: &str) -> Daemon {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")));
     let child = Command::new(exe)
         .args(["serve", "--listen", &addr, "--state-dir"])
-        .arg(root.join(format!("state-{network}")))
+        .arg(root.join(format!("state-{name}")))
         .env("SANDBOX_PROVISIONER_TOKEN", TOKEN)
         .env("PROVISIONER_BACKEND", "native")
         .env("SANDBOXD_USER_DATA_ROOT", root.join("ud"))
         .env("SANDBOXD_SKILLS_ROOT", root.join("sk"))
-        .env("SANDBOXD_CGROUP_PARENT", "sandboxd-bench")
+        .env("SANDBOXD_CGROUP_PARENT", cgroup_parent)
         .env("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true")
         .env("SANDBOXD_NETWORK", network)
-        .envs(NET_ENV)
+        .envs(net)
+        .envs(extra.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -182,6 +210,18 @@ fn time_runtime(
 }
 
 /// p50 and p95 of `v`.
+/// One create and delete (page cache, binaries).
+fn warm_up(addr: &str) {
+    let (s, out) = http(
+        addr,
+        "POST",
+        "/api/sandboxes",
+        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
+    );
+    assert_eq!(s, 200, "warm-up create failed: {out}");
+    http(addr, "DELETE", "/api/sandboxes/warm", "");
+}
+
 fn p50_95(v: &mut [f64]) -> (f64, f64) {
     (pct(v, 0.5), pct(v, 0.95))
 }
@@ -198,15 +238,7 @@ fn run_mode(
     runc: bool,
 ) -> Vec<String> {
     let d = start_daemon(root, network);
-    // Warm-up (page cache, binaries).
-    let (s, out) = http(
-        &d.addr,
-        "POST",
-        "/api/sandboxes",
-        r#"{"sandbox_id":"warm","thread_id":"t","uid":"bench"}"#,
-    );
-    assert_eq!(s, 200, "warm-up create failed: {out}");
-    http(&d.addr, "DELETE", "/api/sandboxes/warm", "");
+    warm_up(&d.addr);
     if runc {
         let _ = time_runtime("runc", bundle, &format!("bench-runc-{network}-warm"), rt);
     }
@@ -503,6 +535,101 @@ fn run_density(root: &Path, n: usize, idle: Duration) -> Vec<String> {
     rows
 }
 
+/// `sandboxd_pool_ready` of the daemon at `addr`.
+fn pool_ready(addr: &str) -> i64 {
+    let (_, out) = http(addr, "GET", "/metrics", "");
+    out.lines()
+        .find_map(|l| l.strip_prefix("sandboxd_pool_ready "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn wait_pool_ready(addr: &str, n: i64) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while pool_ready(addr) < n {
+        assert!(
+            Instant::now() < end,
+            "the pool did not refill to {n} within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The warm pool against cold starts: two daemons side by side (default
+/// configuration, egress), one with `[pool] size = 2`, one without; each
+/// round waits until the pool is full again, times a create on the pool
+/// daemon (a claim), waits again, and times a create on the other (a cold
+/// start), so neither is timed while the pool refills.
+fn run_pool(root: &Path, n: usize) -> Vec<String> {
+    let pool = start_daemon_with(
+        root,
+        "pool",
+        "egress",
+        &[("SANDBOXD_POOL_SIZE", "2")],
+        NET_ENV,
+        "sandboxd-bench",
+    );
+    let cold = start_daemon_with(
+        root,
+        "cold",
+        "egress",
+        &[("SANDBOXD_POOL_SIZE", "0")],
+        NET_ENV_B,
+        "sandboxd-bench-b",
+    );
+    for d in [&pool, &cold] {
+        warm_up(&d.addr);
+    }
+    let (mut claim, mut coldv, mut del_claimed) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let body = format!(
+            r#"{{"sandbox_id":"p{i}","thread_id":"t","uid":"bench{}"}}"#,
+            i % 10
+        );
+        wait_pool_ready(&pool.addr, 2);
+        let t = Instant::now();
+        let (s, out) = http(&pool.addr, "POST", "/api/sandboxes", &body);
+        assert_eq!(s, 200, "{out}");
+        claim.push(t.elapsed().as_secs_f64() * 1000.0);
+        wait_pool_ready(&pool.addr, 2);
+        let t = Instant::now();
+        let (s, out) = http(&cold.addr, "POST", "/api/sandboxes", &body);
+        assert_eq!(s, 200, "{out}");
+        coldv.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (_, metrics) = http(&pool.addr, "GET", "/metrics", "");
+    let claimed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sandboxd_pool_claims{result=\"claimed\"} "))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    for i in 0..n {
+        let t = Instant::now();
+        let (s, _) = http(&pool.addr, "DELETE", &format!("/api/sandboxes/p{i}"), "");
+        assert_eq!(s, 200);
+        del_claimed.push(t.elapsed().as_secs_f64() * 1000.0);
+        http(&cold.addr, "DELETE", &format!("/api/sandboxes/p{i}"), "");
+    }
+    drop(pool);
+    drop(cold);
+    let ((c50, c95), (k50, k95), (d50, d95)) = (
+        p50_95(&mut claim),
+        p50_95(&mut coldv),
+        p50_95(&mut del_claimed),
+    );
+    println!("[pool] claim-to-ready p50 {c50:.1} ms p95 {c95:.1} ms ({claimed} of {} claimed); cold p50 {k50:.1} ms p95 {k95:.1} ms; delete of a claimed sandbox p50 {d50:.1} ms", n + 1);
+    vec![
+        format!("| claim-to-ready (POST until 200, a pool member claimed) | {c50:.1} | {c95:.1} |"),
+        format!("| cold create-to-ready, same run (`[pool] size = 0`) | {k50:.1} | {k95:.1} |"),
+        format!("| **claim / cold, p50** | **{:.2}** | |", c50 / k50),
+        format!("| delete of a claimed sandbox | {d50:.1} | {d95:.1} |"),
+        format!(
+            "| creates served by the pool (of {}, with the warm-up) | {claimed} | |",
+            n + 1
+        ),
+    ]
+}
+
 /// Replaces the text between `<!-- {name}:BEGIN` and `<!-- {name}:END -->`
 /// in docs/performance.md (unless `BENCH_NO_WRITE` is set).
 fn write_section(name: &str, section: &str) {
@@ -565,6 +692,23 @@ fn main() {
     if only.is_empty() || only == "create" {
         run_create(root, n, &bundle, &rt);
     }
+    if only.is_empty() || only == "pool" {
+        let rows = run_pool(root, n);
+        let section = format!(
+            "<!-- POOL:BEGIN (written by bench/create.sh) -->\n\
+Measured {} on {} cores ({}), release build, `BENCH_ONLY=pool bash bench/create.sh` (BENCH_N={n}): two daemons\n\
+side by side with the default configuration (egress networking), one with `[pool] size = 2`, one with the pool off;\n\
+{n} rounds of: wait until the pool is full, create on the pool daemon (timed), wait until it is full again, create on\n\
+the other (timed); persistent sandboxes of 10 users.\n\n\
+| what | p50 ms | p95 ms |\n|---|---|---|\n{}\n\n\
+Goal: claim-to-ready p50 ≤ 5 ms through the API.\n<!-- POOL:END -->",
+            chrono_date(),
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            rows.join("\n")
+        );
+        write_section("POOL", &section);
+    }
     if only == "density" {
         let n: usize = std::env::var("BENCH_DENSITY")
             .ok()
@@ -617,9 +761,11 @@ Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY
     }
     // The daemon leaves its nft table (a restart rebuilds it): the bench's
     // goes.
-    let _ = Command::new("nft")
-        .args(["delete", "table", "inet", NET_ENV[0].1])
-        .output();
+    for table in [NET_ENV[0].1, NET_ENV_B[0].1] {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", table])
+            .output();
+    }
     // The daemon removed its sandboxes' cgroups; the parent goes too.
     for c in std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()
@@ -627,6 +773,7 @@ Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY
         .flatten()
     {
         let _ = std::fs::remove_dir(c.path().join("sandboxd-bench"));
+        let _ = std::fs::remove_dir(c.path().join("sandboxd-bench-b"));
     }
 }
 

@@ -614,6 +614,47 @@ impl TryFrom<String> for UsernsMode {
 /// Host ids of one sandbox's user namespace: container ids `0..65536`.
 pub const USERNS_SLOT: u32 = 65536;
 
+/// The warm pool of native sandboxes (`[pool]`; see
+/// `docs/architecture.md#warm-pool` and `docs/security.md#warm-pool`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Sandboxes kept started but bound to no user, for the default image
+    /// and network mode (`SANDBOXD_POOL_SIZE`; 0 disables the pool).
+    pub size: usize,
+    /// How many pool members are started at once while refilling.
+    pub refill_concurrency: usize,
+}
+
+/// The largest pool accepted.
+pub const MAX_POOL_SIZE: usize = 256;
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: 2,
+            refill_concurrency: 1,
+        }
+    }
+}
+
+impl PoolConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.size > MAX_POOL_SIZE {
+            return Err(ConfigError::Invalid(format!(
+                "pool.size {} is above the maximum {MAX_POOL_SIZE}",
+                self.size
+            )));
+        }
+        if self.refill_concurrency == 0 || self.refill_concurrency > 16 {
+            return Err(ConfigError::Invalid(
+                "pool.refill_concurrency must be between 1 and 16".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// User namespaces of native sandboxes (`[userns]`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -729,6 +770,7 @@ pub struct Config {
     pub proxy: ProxyConfig,
     pub userns: UsernsConfig,
     pub images: ImagesConfig,
+    pub pool: PoolConfig,
 }
 
 impl Default for Config {
@@ -768,6 +810,7 @@ impl Default for Config {
             proxy: ProxyConfig::default(),
             userns: UsernsConfig::default(),
             images: ImagesConfig::default(),
+            pool: PoolConfig::default(),
         }
     }
 }
@@ -845,6 +888,7 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
     ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_POOL_SIZE", Setter::Parsed(|c, v| parse_into(&mut c.pool.size, v))),
     ("SANDBOXD_USERNS", Setter::Parsed(|c, v| { c.userns.mode = v.trim().parse()?; Ok(()) })),
     ("SANDBOXD_USERNS_RANGE_START", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_start, v))),
     ("SANDBOXD_USERNS_RANGE_COUNT", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_count, v))),
@@ -1075,6 +1119,7 @@ impl Config {
             ));
         }
         self.userns.validate()?;
+        self.pool.validate()?;
         let l = &self.limits;
         if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
             return Err(ConfigError::Invalid(

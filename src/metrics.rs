@@ -67,6 +67,10 @@ pub struct Metrics {
     pub image_pull_bytes: Gauge,
     pub image_pull_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub image_verification_failures: Family<KindLabel, Gauge>,
+    /// Warm-pool members ready to be claimed.
+    pub pool_ready: Gauge,
+    /// Creates that went to the warm pool, by result.
+    pub pool_claims: Family<ResultLabel, Gauge>,
     render_lock: Mutex<()>,
 }
 
@@ -153,7 +157,21 @@ impl Metrics {
             "Image pulls refused because content did not match its digest, size or diff_id, by kind",
             image_verification_failures.clone(),
         );
+        let pool_ready = Gauge::default();
+        let pool_claims = Family::<ResultLabel, Gauge>::default();
+        registry.register(
+            "pool_ready",
+            "Warm-pool members started and ready to be claimed",
+            pool_ready.clone(),
+        );
+        registry.register(
+            "pool_claims",
+            "Creates since the daemon started that asked the warm pool, by result (claimed, empty: none ready, failed: started cold after a failed claim)",
+            pool_claims.clone(),
+        );
         Metrics {
+            pool_ready,
+            pool_claims,
             image_pulls,
             image_pull_bytes,
             image_pull_seconds,
@@ -196,6 +214,23 @@ impl Metrics {
             self.image_verification_failures
                 .get_or_create(&KindLabel { kind: kind.clone() })
                 .set(n(*v));
+        }
+    }
+
+    /// Sets the warm-pool gauges from a backend's counters.
+    pub fn set_pool(&self, s: &crate::backend::PoolStats) {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.pool_ready.set(n(s.ready));
+        for (result, v) in [
+            ("claimed", s.claimed),
+            ("empty", s.empty),
+            ("failed", s.failed),
+        ] {
+            self.pool_claims
+                .get_or_create(&ResultLabel {
+                    result: result.to_string(),
+                })
+                .set(n(v));
         }
     }
 

@@ -278,6 +278,9 @@ async fn route(
             if let Ok(Some(nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await {
                 lc.metrics().set_network(&nm);
             }
+            if let Some(s) = lc.backend().pool_stats() {
+                lc.metrics().set_pool(&s);
+            }
             if let Some(s) = lc.backend().image_stats() {
                 lc.metrics().set_images(&s);
             }

@@ -75,6 +75,19 @@ pub struct Upstream {
     pub stream: TcpStream,
 }
 
+/// Warm-pool counters of a backend (see `docs/architecture.md#warm-pool`).
+#[derive(Debug, Clone, Default)]
+pub struct PoolStats {
+    /// Members ready to be claimed.
+    pub ready: u64,
+    /// Creates served by a member.
+    pub claimed: u64,
+    /// Creates that found no member ready.
+    pub empty: u64,
+    /// Claims that failed (the create started the sandbox cold).
+    pub failed: u64,
+}
+
 /// Network counters of a backend (see `docs/network.md`).
 #[derive(Debug, Clone, Default)]
 pub struct NetworkMetrics {
@@ -124,6 +137,10 @@ pub trait Backend: Send + Sync + 'static {
     /// backend defers any) are over: daemon shutdown.
     async fn settle(&self) {}
 
+    /// The daemon is shutting down: release what only this daemon uses
+    /// (the native backend destroys its warm pool; sandboxes stay).
+    async fn shutdown(&self) {}
+
     /// Opens a connection to the sandbox's HTTP server.
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError>;
 
@@ -164,6 +181,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Image pull counters for `/metrics`, when the backend pulls images.
     fn image_stats(&self) -> Option<crate::images::ImageStats> {
+        None
+    }
+
+    /// Warm-pool counters for `/metrics`, when the backend has a pool.
+    fn pool_stats(&self) -> Option<PoolStats> {
         None
     }
 

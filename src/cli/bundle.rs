@@ -87,7 +87,8 @@ fn write(args: &BundleArgs, cfg: &Config) -> anyhow::Result<PathBuf> {
         None => None,
     };
     let out = std::path::absolute(&args.out)?;
-    if let Err(e) = bundler.write_bundle_with(&spec, &new_generation(), &out, image.as_ref(), None)
+    if let Err(e) =
+        bundler.write_bundle_with(&spec, &new_generation(), &out, image.as_ref(), None, None)
     {
         // Remove what we made (never what existed: then nothing was made).
         if !matches!(e, NativeError::Bundle(BundleError::Exists { .. })) {

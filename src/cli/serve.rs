@@ -136,6 +136,7 @@ async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
                 .await
                 .context("native backend set-up panicked")??;
             nb.start_image_pull();
+            nb.refill_pool();
             Ok(Arc::new(nb))
         }
         BackendKind::Kubernetes => {
@@ -328,6 +329,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
     }
     let backend = build_backend(&cfg).await?;
     info!(backend = backend.name(), state_dir = %cfg.state_dir.display(), "starting sandboxd");
+    let backend_handle = backend.clone();
     let lifecycle = Arc::new(Lifecycle::new(backend, settings, Arc::new(Metrics::new())));
     let adopted = lifecycle
         .adopt_existing()
@@ -378,6 +380,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         Duration::from_secs(cfg.shutdown_grace_seconds),
     )
     .await;
+    backend_handle.shutdown().await;
     if cfg.stop_sandboxes_on_exit {
         info!(
             sandboxes = lifecycle.tracked_count(),

@@ -56,6 +56,15 @@ impl Agent {
 
     /// Like [`Agent::start`], run through `wrapper` (e.g. `unshare ...`).
     pub fn start_wrapped(wrapper: &[&str], env: &[(&str, &str)]) -> Agent {
+        Self::start_full(wrapper, &[], env)
+    }
+
+    /// Like [`Agent::start`], with extra arguments (e.g. `--pooled`).
+    pub fn start_with_args(args: &[&str], env: &[(&str, &str)]) -> Agent {
+        Self::start_full(&[], args, env)
+    }
+
+    fn start_full(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Agent {
         let root = tempfile::tempdir().unwrap();
         let port = free_port();
         let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
@@ -71,7 +80,8 @@ impl Agent {
             }
             None => Command::new(agent_bin),
         };
-        cmd.arg("--listen")
+        cmd.args(args)
+            .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .current_dir(root.path())
             .env("HOME", root.path())

@@ -39,6 +39,7 @@ mod native_devices;
 mod native_durability;
 mod native_isolation;
 mod native_parity;
+mod native_pool;
 mod native_runc;
 mod native_seccomp;
 mod native_userns;

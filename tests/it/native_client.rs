@@ -3,7 +3,8 @@
 //! sandbox through the daemon's proxy (`/api/sandboxes/{id}/proxy`, bearer
 //! token as a header), with `tests/py/agent_client_check.py`: exec (output,
 //! exit code, timeout), write, ranged read, list, find, str_replace_editor,
-//! upload and byte-exact download.
+//! upload and byte-exact download. The sandbox is a claimed warm-pool
+//! member (`[pool] size = 1`), the default path of a create.
 //!
 //! Needs root and the venv made by `tests/py/setup-venv.sh` at
 //! `${SANDBOXD_TEST_VENV:-<repo>/target/test-venv}`. Without the venv the
@@ -28,12 +29,20 @@ async fn published_python_client_through_the_proxy() {
         return;
     };
     let dirs = NativeDirs::new();
-    let d = Daemon::start_native(&dirs, &[]);
+    let d = Daemon::start_native(&dirs, &[("SANDBOXD_POOL_SIZE", "1")]);
     mkdir_user(&dirs.workspace("u1"));
+    assert!(
+        d.wait_log("pool member ready", std::time::Duration::from_secs(30)),
+        "no pool member started"
+    );
     let (s, v) = d
         .create(json!({"sandbox_id": "pyc", "thread_id": "t", "uid": "u1"}))
         .await;
     assert_eq!(s, 200, "{v}");
+    assert!(
+        d.log_contains("claimed a pool member sandbox_id=pyc"),
+        "the create did not claim the pool member"
+    );
     let base_url = d.url("/api/sandboxes/pyc/proxy");
     assert_eq!(
         v["sandbox_url"]

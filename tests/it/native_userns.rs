@@ -15,15 +15,8 @@ use serde_json::json;
 
 const ON: [(&str, &str); 1] = [("SANDBOXD_USERNS", "on")];
 
-/// The state.json of sandbox `id`.
 fn state(d: &Daemon, id: &str) -> serde_json::Value {
-    let p = d
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(id)
-        .join("state.json");
-    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap()
+    d.sandbox_state(id)
 }
 
 /// Host PID and the first host id of sandbox `id`'s user namespace.

@@ -11,12 +11,14 @@
 //! Who may depend on whom is in `docs/architecture.md`: every other crate of
 //! the workspace may use this one; this one uses none of them.
 
+pub mod claim;
 pub mod credential;
 pub mod failpoint;
 pub mod handoff;
 pub mod labels;
 pub mod layout;
 pub mod model;
+pub mod mountapi;
 pub mod paths;
 pub mod procfs;
 pub mod request;

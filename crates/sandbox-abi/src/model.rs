@@ -52,6 +52,27 @@ pub fn validate_sandbox_id(id: &str) -> Result<(), ValidationError> {
     validate_name("sandbox_id", id, MAX_SANDBOX_ID_LEN)
 }
 
+/// The prefix of a warm-pool member's key: the name of its cgroup and its
+/// state directory until it is claimed. Never a sandbox id (ids never
+/// start with a dot), so the two can never collide.
+pub const POOL_KEY_PREFIX: &str = ".pool-";
+
+/// Whether `key` is a warm-pool member's key.
+pub fn is_pool_key(key: &str) -> bool {
+    key.strip_prefix(POOL_KEY_PREFIX)
+        .is_some_and(|rest| validate_name("pool key", rest, MAX_SANDBOX_ID_LEN).is_ok())
+}
+
+/// A name the native backend gives a sandbox's cgroup and state
+/// directory: a sandbox id, or a pool member's key.
+pub fn validate_node_key(key: &str) -> Result<(), ValidationError> {
+    if is_pool_key(key) {
+        Ok(())
+    } else {
+        validate_sandbox_id(key)
+    }
+}
+
 /// Checks a `workdir_path`: relative POSIX path, no `\`, no `://`, no empty,
 /// `.` or `..` component, no NUL. Returns the normalized form (no trailing
 /// slash). Whether it exists is the backend's business.

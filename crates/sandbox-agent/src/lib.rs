@@ -20,6 +20,7 @@
 //! log request contents (commands and files may hold secrets).
 
 pub mod body;
+pub mod claim;
 pub mod context;
 pub mod credential;
 pub mod editor;
@@ -90,6 +91,9 @@ pub struct AgentConfig {
     /// When set, every request must carry it (`x-sandbox-agent-credential`);
     /// checked before routing, so no route answers without it.
     pub credential: Option<credential::Credential>,
+    /// A warm-pool member: serve nothing but the daemon's one claim until
+    /// claimed ([`claim`]).
+    pub pooled: bool,
 }
 
 /// Takes ownership of the inherited readiness fd `fd` and marks it
@@ -194,30 +198,37 @@ pub async fn serve(config: AgentConfig) -> Result<(), AgentError> {
                    credential = config.credential.is_some(), "sandbox-agent listening");
     let credential = config.credential.map(Arc::new);
 
-    let routes = Arc::new(Routes {
-        exec: Exec {
-            config: config.exec,
-            reaper: Arc::clone(&reaper),
-            base: config.base.clone(),
-        },
-        editor: Editor::default(),
-        base: config.base,
+    let gate = Arc::new(if config.pooled {
+        claim::Gate::pooled(config.exec, config.base, Arc::clone(&reaper))
+    } else {
+        claim::Gate::open(Routes {
+            exec: Exec {
+                config: config.exec,
+                reaper: Arc::clone(&reaper),
+                base: config.base.clone(),
+            },
+            editor: Editor::default(),
+            base: config.base,
+        })
     });
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
-                    let routes = Arc::clone(&routes);
+                    let gate = Arc::clone(&gate);
                     let credential = credential.clone();
                     tokio::spawn(async move {
                         let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                            let routes = Arc::clone(&routes);
+                            let gate = Arc::clone(&gate);
                             let refused = credential.as_ref().and_then(|c| c.check(req.headers()).err());
                             async move {
                                 if let Some(resp) = refused {
                                     return Ok::<_, Infallible>(resp);
                                 }
-                                Ok(routes.handle(req).await)
+                                match gate.routes() {
+                                    Some(routes) => Ok(routes.handle(req).await),
+                                    None => Ok(gate.unclaimed(req).await),
+                                }
                             }
                         });
                         let conn = hyper::server::conn::http1::Builder::new()

@@ -41,6 +41,11 @@ struct Args {
     /// must carry the credential whether or not this flag is given.
     #[arg(long)]
     require_credential: bool,
+    /// A warm-pool member: answer only the daemon's one
+    /// `POST /internal/claim` (which sets the command environment and the
+    /// working directory) until claimed.
+    #[arg(long)]
+    pooled: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -112,6 +117,7 @@ fn main() -> anyhow::Result<()> {
         base: agent::path_base(),
         term_grace,
         credential,
+        pooled: args.pooled,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

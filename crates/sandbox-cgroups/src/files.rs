@@ -6,7 +6,7 @@ use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
 use super::CgroupError;
-use sandbox_abi::model::validate_sandbox_id;
+use sandbox_abi::model::validate_node_key;
 
 /// v1 reports "no limit" as a huge page-aligned number (`PAGE_COUNTER_MAX`
 /// times the page size); anything at or above 2^62 is treated as unlimited.
@@ -106,7 +106,7 @@ pub(crate) fn child_ids(dir: &Path) -> Result<Vec<String>, CgroupError> {
         let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
         let name = entry.file_name();
         if let Some(name) = name.to_str() {
-            if is_dir && validate_sandbox_id(name).is_ok() {
+            if is_dir && validate_node_key(name).is_ok() {
                 ids.push(name.to_string());
             }
         }

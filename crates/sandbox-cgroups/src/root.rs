@@ -11,7 +11,7 @@ use super::files;
 use super::layout::{assumed_mounts, parse_layout, Layout, Mounts};
 use super::sandbox::SandboxCgroup;
 use super::{CgroupError, DEFAULT_FS_ROOT};
-use sandbox_abi::model::{validate_sandbox_id, Resources};
+use sandbox_abi::model::{validate_node_key, Resources};
 
 /// v2 controllers a sandbox needs enabled in every ancestor.
 const V2_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
@@ -366,7 +366,7 @@ fn manager(
 const V2_ALL_FILES: [&str; 5] = ["cpu", "cpuacct", "memory", "pids", "freezer"];
 
 pub(crate) fn check_id(id: &str) -> Result<(), CgroupError> {
-    validate_sandbox_id(id).map_err(|_| CgroupError::BadId { id: id.to_string() })
+    validate_node_key(id).map_err(|_| CgroupError::BadId { id: id.to_string() })
 }
 
 pub(crate) fn normalize_parent(parent: &str) -> Result<PathBuf, CgroupError> {

@@ -235,7 +235,7 @@ impl SandboxCgroup {
 
     /// Applies `res` through libcgroups, plus `memory.swap.max = 0` on v2
     /// (libcgroups treats a zero swap as "leave unset").
-    pub(crate) fn apply(&self, res: &Resources) -> Result<(), CgroupError> {
+    pub fn apply(&self, res: &Resources) -> Result<(), CgroupError> {
         let v1_memsw = self.layout.uses_v1()
             && self
                 .file("memory", "memory.memsw.limit_in_bytes")

@@ -295,6 +295,10 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //    so every process of the sandbox is accounted and limited from its
     //    first instruction (children inherit the cgroup).
     join_cgroup(&spec)?;
+    let all_mounts = spec.mounts().clone().unwrap_or_default();
+    // 4p. A warm-pool member's attach points, copied while still in the
+    //     daemon's mount namespace (see mounts::SlaveTrees).
+    let mut slaves = mounts::SlaveTrees::open(&all_mounts)?;
 
     // 5. New namespaces. The cgroup namespace comes after joining, so the
     //    sandbox sees its own cgroup as the root. A new PID namespace only
@@ -339,7 +343,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         for m in spec.mounts().clone().unwrap_or_default() {
             if mounts::is_deferred(&m) {
                 mounts::make_mount_point(&mounts::beneath(&rootfs, m.destination()), false)?;
-            } else {
+            } else if !slaves.apply(&rootfs, &m)? {
                 mounts::apply(&rootfs, &m, Some(&idmap))?;
             }
         }
@@ -418,7 +422,9 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         //    without following any symlink and mounted from the fd.
         mounts::bind_rootfs(&rootfs)?;
         for m in spec.mounts().clone().unwrap_or_default() {
-            mounts::apply(&rootfs, &m, None)?;
+            if !slaves.apply(&rootfs, &m)? {
+                mounts::apply(&rootfs, &m, None)?;
+            }
         }
         mounts::create_devices(
             &rootfs,

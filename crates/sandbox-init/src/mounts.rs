@@ -212,6 +212,62 @@ pub fn apply(rootfs: &Path, m: &Mount, idmap: Option<&Idmap<'_>>) -> Result<(), 
     .map_err(|e| err("mount", &target, e))
 }
 
+/// A bind mount whose options ask for `slave` (or `rslave`) propagation:
+/// a warm-pool member's attach points (`/home/gem/user-data`,
+/// `/home/gem/skills`), which receive, from the daemon's side, the user's
+/// directories when the member is claimed (see `docs/security.md`).
+pub fn is_slave_bind(m: &Mount) -> bool {
+    let options = m.options().as_deref().unwrap_or_default();
+    m.typ().as_deref() == Some("bind") && options.iter().any(|o| o == "slave" || o == "rslave")
+}
+
+/// The detached copies of the sources of the slave binds, made before the
+/// launcher leaves the daemon's mount namespace: each joins the peer group
+/// of its (shared) source there, which a copy made in the sandbox's own
+/// namespace would not (the launcher makes every mount of it private).
+pub struct SlaveTrees(Vec<(PathBuf, std::os::fd::OwnedFd)>);
+
+impl SlaveTrees {
+    pub fn open(mounts: &[Mount]) -> Result<SlaveTrees, InitError> {
+        let mut trees = Vec::new();
+        for m in mounts.iter().filter(|m| is_slave_bind(m)) {
+            let src = m
+                .source()
+                .as_ref()
+                .ok_or_else(|| err("slave bind", m.destination(), "no source"))?;
+            let fd = paths::open_dir_nofollow(src).map_err(|e| err("open slave source", src, e))?;
+            let tree = sandbox_abi::mountapi::clone_tree(fd.as_fd(), false)
+                .map_err(|e| err("open_tree", src, e))?;
+            trees.push((m.destination().clone(), tree));
+        }
+        Ok(SlaveTrees(trees))
+    }
+
+    /// Attaches the copy for `m` beneath `rootfs` as a slave of its
+    /// source's peer group, with `m`'s flags (`nosuid`, `nodev`, ...).
+    /// False when `m` is not a slave bind.
+    pub fn apply(&mut self, rootfs: &Path, m: &Mount) -> Result<bool, InitError> {
+        let Some(i) = self.0.iter().position(|(d, _)| d == m.destination()) else {
+            return Ok(false);
+        };
+        let (_, tree) = self.0.swap_remove(i);
+        let target = beneath(rootfs, m.destination());
+        let (flags, _, _) = parse_options(&m.options().clone().unwrap_or_default());
+        make_mount_point(&target, false)?;
+        sandbox_abi::mountapi::mount_setattr(
+            tree.as_fd(),
+            false,
+            crate::userns::attrs_of(flags),
+            sandbox_abi::mountapi::Propagation::Slave,
+            None,
+        )
+        .map_err(|e| err("make slave", &target, e))?;
+        sandbox_abi::mountapi::attach(tree.as_fd(), &target)
+            .map_err(|e| err("attach slave", &target, e))?;
+        Ok(true)
+    }
+}
+
 /// Creates the device nodes listed in the spec under `rootfs/dev`.
 /// With a user namespace (`uid`/`gid` maps, nodes made before the join)
 /// their owners are the host ids the sandbox sees as theirs.

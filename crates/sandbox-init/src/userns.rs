@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use nix::unistd::ForkResult;
 use rustix::mount::{MountAttrFlags, MoveMountFlags, OpenTreeFlags};
+use sandbox_abi::mountapi::{self, Propagation};
 
 /// One line of a `uid_map`/`gid_map`: `size` ids from `container` inside
 /// map to `host` outside.
@@ -165,66 +166,16 @@ pub fn idmapped_tree(
     attrs: MountAttrFlags,
     userns: BorrowedFd<'_>,
 ) -> Result<OwnedFd, String> {
-    let mut flags = OpenTreeFlags::OPEN_TREE_CLONE
-        | OpenTreeFlags::OPEN_TREE_CLOEXEC
-        | OpenTreeFlags::AT_EMPTY_PATH;
-    if recursive {
-        flags |= OpenTreeFlags::AT_RECURSIVE;
-    }
-    let tree = rustix::mount::open_tree(src, "", flags).map_err(|e| os("open_tree", e))?;
-    set_attr(
+    let tree = mountapi::clone_tree(src, recursive).map_err(|e| os("open_tree", e))?;
+    mountapi::mount_setattr(
         tree.as_fd(),
         recursive,
         attrs | MountAttrFlags::MOUNT_ATTR_IDMAP,
+        Propagation::Unchanged,
         Some(userns),
     )
     .map_err(|e| os("mount_setattr(MOUNT_ATTR_IDMAP)", e))?;
     Ok(tree)
-}
-
-/// `mount_setattr(fd, "", AT_EMPTY_PATH, {attr_set, userns_fd})` (neither
-/// rustix nor nix wraps it).
-fn set_attr(
-    fd: BorrowedFd<'_>,
-    recursive: bool,
-    set: MountAttrFlags,
-    userns: Option<BorrowedFd<'_>>,
-) -> Result<(), std::io::Error> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    let attr = MountAttr {
-        attr_set: u64::from(set.bits()),
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
-    };
-    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
-    if recursive {
-        flags |= libc::AT_RECURSIVE as libc::c_uint;
-    }
-    // SAFETY: mount_setattr reads `size_of::<MountAttr>()` bytes from
-    // `attr` (the kernel's `struct mount_attr`, version 0 layout), which
-    // lives for the call; the path is a NUL-terminated empty string.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 /// Binds `src` (a directory or file opened without following symlinks)

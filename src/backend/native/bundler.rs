@@ -111,7 +111,7 @@ impl Bundler {
         generation: &str,
         dir: &Path,
     ) -> Result<Spec, NativeError> {
-        self.write_bundle_with(spec, generation, dir, None, None)
+        self.write_bundle_with(spec, generation, dir, None, None, None)
     }
 
     /// [`write_bundle_to`](Self::write_bundle_to) with the sandbox's
@@ -125,6 +125,7 @@ impl Bundler {
         dir: &Path,
         image: Option<&crate::images::ResolvedImage>,
         userns: Option<&super::userns::UsernsRange>,
+        pool_slot: Option<&Path>,
     ) -> Result<Spec, NativeError> {
         let (base, host) = super::rootfs::select(&self.base, &self.host, image)
             .map_err(NativeError::ImageUnavailable)?;
@@ -140,6 +141,10 @@ impl Bundler {
         )?;
         if let Some(i) = image {
             super::rootfs::check_mount_points(i, &oci).map_err(NativeError::ImageUnavailable)?;
+        }
+        if let Some(slot) = pool_slot {
+            super::pool::member_spec(&mut oci, slot)
+                .map_err(|e| NativeError::Bundle(bundle::BundleError::Build(e)))?;
         }
         if let Some(range) = userns {
             super::userns::apply_to_spec(&mut oci, range)

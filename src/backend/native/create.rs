@@ -26,6 +26,17 @@ struct CreateGuard<'a> {
     committed: bool,
 }
 
+/// A started sandbox, not yet tracked (see [`NativeBackend::start`]).
+pub(super) struct Started {
+    pub st: SandboxState,
+    pub handle: Arc<ProcHandle>,
+    pub netns: Arc<std::os::fd::OwnedFd>,
+    pub cgroup: crate::cgroups::SandboxCgroup,
+    /// PID 1's output (for a pool member: read only once claimed).
+    pub out: Arc<output::Output>,
+    pub out_r: std::os::fd::OwnedFd,
+}
+
 impl<'a> CreateGuard<'a> {
     fn new(backend: &'a NativeBackend, id: &'a str) -> Self {
         CreateGuard {
@@ -53,7 +64,7 @@ impl Drop for CreateGuard<'_> {
 impl NativeBackend {
     /// Checks and prepares the host paths of a persistent sandbox. Nothing
     /// is created unless every check passed.
-    fn prepare_user_paths(&self, spec: &SandboxSpec) -> Result<(), NativeError> {
+    pub(super) fn prepare_user_paths(&self, spec: &SandboxSpec) -> Result<(), NativeError> {
         if spec.identity.storage == StorageMode::Ephemeral {
             return Ok(());
         }
@@ -92,9 +103,41 @@ impl NativeBackend {
         timeout: Duration,
         image: Option<&ResolvedImage>,
     ) -> Result<SandboxRecord, NativeError> {
+        self.prepare_user_paths(spec)?;
+        let Started {
+            st,
+            handle,
+            netns,
+            cgroup,
+            out,
+            out_r,
+        } = self.start(spec, timeout, image, None)?;
+        let id = spec.sandbox_id.as_str();
+        self.outputs.start(id, out, out_r);
+        let record = record_of(&st, SandboxStatus::Running);
+        self.track(Live::new(
+            record.clone(),
+            handle,
+            netns,
+            Some(cgroup),
+            st.network.clone(),
+            id.to_string(),
+        ));
+        Ok(record)
+    }
+
+    /// Starts the sandbox of `spec`: everything of a create but the
+    /// tracking. With `pool_slot`, a warm-pool member with its attach
+    /// points there (recorded as [`Phase::Pooled`]; see [`super::pool`]).
+    pub(super) fn start(
+        &self,
+        spec: &SandboxSpec,
+        timeout: Duration,
+        image: Option<&ResolvedImage>,
+        pool_slot: Option<&std::path::Path>,
+    ) -> Result<Started, NativeError> {
         let id = spec.sandbox_id.as_str();
         let mode = self.net.effective(spec.network)?;
-        self.prepare_user_paths(spec)?;
         let generation = new_generation();
         let dir = self.state.sandbox_dir(id);
         // A leftover directory of a dead incarnation (nothing live owns
@@ -152,6 +195,7 @@ impl NativeBackend {
             &bundle_dir,
             image,
             st.userns.as_ref(),
+            pool_slot,
         )?;
         failpoint::hit(Point::CreateAfterBundle);
         // PID 1's stdout and stderr: a FIFO the daemon drains (never a
@@ -216,21 +260,23 @@ impl NativeBackend {
             st.network = self.net.attach(id, &netns)?;
         }
         failpoint::hit(Point::CreateAfterNetwork);
-        st.phase = Phase::Running;
+        st.phase = if pool_slot.is_some() {
+            Phase::Pooled
+        } else {
+            Phase::Running
+        };
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
         self.state.update(&st)?;
         failpoint::hit(Point::CreateAfterRunning);
         made.commit();
-        self.outputs.start(id, out, out_r);
-        let record = record_of(&st, SandboxStatus::Running);
-        self.track(Live::new(
-            record.clone(),
+        Ok(Started {
+            st,
             handle,
-            netns,
-            Some(cgroup),
-            st.network.clone(),
-        ));
-        Ok(record)
+            netns: Arc::new(netns),
+            cgroup,
+            out,
+            out_r,
+        })
     }
 }

@@ -119,6 +119,15 @@ pub enum NativeError {
     /// No connection to the sandbox's agent.
     #[error("sandbox {id}: {source}")]
     Dial { id: String, source: NetnsError },
+    /// The warm pool's attach points (see `pool`).
+    #[error("pool attach points {}: {source}", path.display())]
+    PoolMounts {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A warm-pool claim failed (the create falls back to a cold start).
+    #[error("pool claim: {0}")]
+    Claim(String),
 }
 
 impl NativeError {

@@ -33,6 +33,7 @@ pub mod launch;
 pub mod net;
 pub mod netns;
 pub mod output;
+mod pool;
 pub use sandbox_abi::paths;
 pub mod proc;
 pub mod reconcile;
@@ -58,6 +59,9 @@ struct Live {
     cgroup: Option<Arc<SandboxCgroup>>,
     /// Its veth and address (egress only).
     net: Option<net::NetState>,
+    /// The name of its cgroup under the parent: its id, or the key it had
+    /// as a warm-pool member ([`pool`]).
+    cgroup_key: String,
     /// Held by the exit watcher while it cleans up after an exit; a delete
     /// of this incarnation takes it before anything else, so the cleanup
     /// (by id: cgroup, bundle) is over before a new incarnation can exist.
@@ -68,16 +72,18 @@ impl Live {
     fn new(
         record: SandboxRecord,
         handle: Arc<ProcHandle>,
-        netns: OwnedFd,
+        netns: Arc<OwnedFd>,
         cgroup: Option<SandboxCgroup>,
         net: Option<net::NetState>,
+        cgroup_key: String,
     ) -> Live {
         Live {
             record,
             handle,
-            netns: Some(Arc::new(netns)),
+            netns: Some(netns),
             cgroup: cgroup.map(Arc::new),
             net,
+            cgroup_key,
             teardown: Arc::default(),
         }
     }
@@ -104,6 +110,14 @@ pub struct NativeBackend {
     userns: Option<Arc<userns::Pool>>,
     /// The image store and pulls ([`crate::images`]).
     images: Arc<crate::images::Images>,
+    /// The warm pool ([`pool`]).
+    pool: Arc<pool::Pool>,
+    /// Set at shutdown: the pool no longer refills.
+    closing: Arc<std::sync::atomic::AtomicBool>,
+    /// How long a start may take until the agent listens.
+    health_timeout: Duration,
+    /// The node's default limits (what a pool member starts with).
+    default_resources: crate::model::Resources,
 }
 
 impl NativeBackend {
@@ -166,13 +180,26 @@ impl NativeBackend {
             net: Arc::new(network),
             userns,
             images: Arc::new(images),
+            pool: Arc::new(pool::Pool::new(&cfg.pool, &cfg.state_dir)),
+            closing: Arc::default(),
+            health_timeout: Duration::from_secs(cfg.health_timeout_seconds),
+            default_resources: crate::model::Resources {
+                memory_mb: cfg.limits.memory_mb,
+                cpus: cfg.limits.cpus,
+                pids: cfg.limits.pids,
+            },
         };
         backend.reconcile();
         // The table from the adopted sandboxes; stale veths deleted.
         backend.net.finish_startup()?;
         // Cgroups under our parent that no known sandbox owns: kill and
         // remove them (remains of a crash, or of sandboxes removed by hand).
-        let known: std::collections::HashSet<String> = backend.live().keys().cloned().collect();
+        let known: std::collections::HashSet<String> = backend
+            .live()
+            .values()
+            .map(|l| l.cgroup_key.clone())
+            .collect();
+        backend.pool.start(&known)?;
         match backend.cgroups.remove_orphans(&known) {
             Ok(removed) if !removed.is_empty() => {
                 info!(?removed, "removed orphan cgroups");
@@ -187,6 +214,11 @@ impl NativeBackend {
     /// (the daemon serves meanwhile; see [`crate::images`]).
     pub fn start_image_pull(&self) {
         self.images.start_default_pull();
+    }
+
+    /// Whether the daemon is shutting down.
+    fn quiescing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
@@ -220,11 +252,17 @@ impl NativeBackend {
             }
         }
         failpoint::hit(Point::DeleteAfterKill);
-        kill_and_remove_cgroup(&self.cgroups, id);
+        let cgroup_key = self.cgroup_key(id);
+        kill_and_remove_cgroup(&self.cgroups, &cgroup_key);
         failpoint::hit(Point::DeleteAfterCgroup);
         // Its set element and veth (a crash before this point leaves them
         // to the next start-up's rebuild and sweep).
         self.net.detach(id);
+        // A pool member's attach points (also once claimed: they hold the
+        // user's mounts inside until nothing of the sandbox runs).
+        if crate::model::is_pool_key(&cgroup_key) {
+            self.pool.remove_slot(&cgroup_key);
+        }
         if let Err(e) = self.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
@@ -236,6 +274,17 @@ impl NativeBackend {
         }) {
             info!(sandbox_id = %id, host = range.host, "user namespace range released");
         }
+    }
+
+    /// The name of the cgroup of `id`: recorded in its `state.json` (a
+    /// claimed pool member keeps the cgroup it had as a member), else its id.
+    fn cgroup_key(&self, id: &str) -> String {
+        self.state
+            .load(id)
+            .ok()
+            .flatten()
+            .and_then(|st| st.cgroup_key())
+            .unwrap_or_else(|| id.to_string())
     }
 
     fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), NativeError> {
@@ -401,6 +450,10 @@ impl Backend for NativeBackend {
         Some(self.images.stats())
     }
 
+    fn pool_stats(&self) -> Option<super::PoolStats> {
+        Some(self.pool.stats())
+    }
+
     fn network_metrics(&self) -> Option<NetworkMetrics> {
         if self.net.mode() == crate::config::NetworkMode::None {
             return None;
@@ -435,9 +488,30 @@ impl Backend for NativeBackend {
             .resolve(spec.identity.image.as_deref(), health_timeout)
             .await
             .map_err(NativeError::ImageUnavailable)?;
+        // A warm-pool member when one fits, else a cold start.
+        if let Some(record) = self.claim(spec, image.as_ref()).await? {
+            return Ok(record);
+        }
         let b = self.clone();
         let spec = spec.clone();
         Ok(blocking(move || b.blocking_create(&spec, health_timeout, image.as_ref())).await?)
+    }
+
+    async fn shutdown(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Members being started destroy themselves once started (they see
+        // `closing`); wait for them, at most a start's timeout.
+        let deadline = tokio::time::Instant::now() + self.health_timeout;
+        while self.pool.starting() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let b = self.clone();
+        let _ = blocking(move || {
+            b.drain_pool();
+            Ok(())
+        })
+        .await;
     }
 
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {

@@ -100,13 +100,27 @@ impl ProcHandle {
     /// the open (so the namespace was opened while the PID was still ours)
     /// and the start time still matches.
     pub fn open_netns(&self) -> std::io::Result<OwnedFd> {
-        match pidfd_net_namespace(self.pidfd.as_fd()) {
+        self.open_ns("net", PIDFD_GET_NET_NAMESPACE)
+    }
+
+    /// Its user namespace ([`open_netns`](Self::open_netns)'s guarantees).
+    pub fn open_userns(&self) -> std::io::Result<OwnedFd> {
+        self.open_ns("user", PIDFD_GET_USER_NAMESPACE)
+    }
+
+    /// Its UTS namespace ([`open_netns`](Self::open_netns)'s guarantees).
+    pub fn open_utsns(&self) -> std::io::Result<OwnedFd> {
+        self.open_ns("uts", PIDFD_GET_UTS_NAMESPACE)
+    }
+
+    fn open_ns(&self, name: &str, ioctl: libc::c_ulong) -> std::io::Result<OwnedFd> {
+        match pidfd_namespace(self.pidfd.as_fd(), ioctl) {
             Ok(fd) => return Ok(fd),
             // Older kernels (ENOTTY/EINVAL): fall back to /proc below.
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {}
             Err(e) => return Err(e),
         }
-        let ns: OwnedFd = std::fs::File::open(format!("/proc/{}/ns/net", self.pid))?.into();
+        let ns: OwnedFd = std::fs::File::open(format!("/proc/{}/ns/{name}", self.pid))?.into();
         if self.exited() || start_time(self.pid) != Some(self.start_time) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -129,13 +143,16 @@ impl ProcHandle {
 
 /// `ioctl(pidfd, PIDFD_GET_NET_NAMESPACE)`: an fd of the network namespace
 /// of the process the pidfd refers to (ESRCH once it has exited).
-fn pidfd_net_namespace(pidfd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+/// `_IO(PIDFS_IOCTL_MAGIC = 0xFF, n)` from `<linux/pidfd.h>`.
+const PIDFD_GET_NET_NAMESPACE: libc::c_ulong = 0xFF04;
+const PIDFD_GET_USER_NAMESPACE: libc::c_ulong = 0xFF09;
+const PIDFD_GET_UTS_NAMESPACE: libc::c_ulong = 0xFF0A;
+
+fn pidfd_namespace(pidfd: BorrowedFd<'_>, ioctl: libc::c_ulong) -> std::io::Result<OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    /// `_IO(PIDFS_IOCTL_MAGIC = 0xFF, 4)` from `<linux/pidfd.h>`.
-    const PIDFD_GET_NET_NAMESPACE: libc::c_ulong = 0xFF04;
-    // SAFETY: this ioctl takes no argument and returns a new fd or -1; the
+    // SAFETY: these ioctls take no argument and return a new fd or -1; the
     // pidfd is borrowed for the duration of the call.
-    let fd = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_NET_NAMESPACE) };
+    let fd = unsafe { libc::ioctl(pidfd.as_raw_fd(), ioctl) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -49,6 +49,7 @@ impl NativeBackend {
                 (Some(pid), Some(t)) => ProcHandle::open(pid, Some(t)),
                 _ => None,
             };
+            let cgroup_key = st.cgroup_key().unwrap_or_else(|| id.clone());
             match (st.phase, handle) {
                 (Phase::Running, Some(h)) => match h.open_netns() {
                     Ok(ns) => {
@@ -87,9 +88,10 @@ impl NativeBackend {
                         self.track(Live::new(
                             record_of(&st, SandboxStatus::Running),
                             Arc::new(h),
-                            ns,
-                            self.cgroups.open(&id).ok().flatten(),
+                            Arc::new(ns),
+                            self.cgroups.open(&cgroup_key).ok().flatten(),
                             net,
+                            cgroup_key,
                         ));
                         adopted += 1;
                     }

@@ -33,6 +33,9 @@ pub enum Phase {
     Creating,
     Running,
     Deleting,
+    /// A warm-pool member: started, bound to no user (never adopted: a
+    /// restarted daemon destroys it).
+    Pooled,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +62,17 @@ pub struct SandboxState {
     /// names (`crate::images::image_users`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+}
+
+impl SandboxState {
+    /// The name of its cgroup under the parent, from the recorded path.
+    pub fn cgroup_key(&self) -> Option<String> {
+        let cg = self.cgroup.as_deref()?;
+        Path::new(cg)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+    }
 }
 
 /// The layout of the state directory.
@@ -150,7 +164,7 @@ impl StateDir {
             .filter_map(|e| e.ok())
             .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| crate::model::validate_sandbox_id(n).is_ok())
+            .filter(|n| crate::model::validate_node_key(n).is_ok())
             .collect();
         ids.sort();
         ids

@@ -93,6 +93,14 @@ impl Pool {
         taken.insert(id.to_string(), range.host);
     }
 
+    /// The range `from` holds is now `to`'s (a claimed pool member).
+    pub fn rename(&self, from: &str, to: &str) {
+        let mut taken = self.taken();
+        if let Some(host) = taken.remove(from) {
+            taken.insert(to.to_string(), host);
+        }
+    }
+
     /// Gives back the range of `id`, if it holds one.
     pub fn release(&self, id: &str) {
         self.taken().remove(id);

@@ -129,11 +129,12 @@ fn exited(
         l.cgroup = None;
         info!(sandbox_id = %id, generation = %generation, pid = handle.pid, ?status,
               oom_killed = l.record.oom_killed == Some(true), "sandbox exited");
-        l.netns.take()
+        (l.netns.take(), l.cgroup_key.clone())
     };
+    let (netns, cgroup_key) = netns;
     // The namespace goes with its last user: its fd is no longer needed.
     drop(netns);
-    super::kill_and_remove_cgroup(&cleanup.cgroups, id);
+    super::kill_and_remove_cgroup(&cleanup.cgroups, &cgroup_key);
     if let Err(e) = cleanup.state.remove_bundle(id) {
         warn!(sandbox_id = %id, error = %e, "cannot remove the bundle of an exited sandbox");
     }

@@ -489,11 +489,24 @@ impl Daemon {
                 dirs.userns_range_start.as_str(),
             ),
             ("SANDBOXD_USERNS_RANGE_COUNT", "2097152"),
+            // No warm pool unless a test asks for one (native_pool).
+            ("SANDBOXD_POOL_SIZE", "0"),
         ];
         all.extend_from_slice(env);
         let mut d = Daemon::start_program(program, state_dir, &all, &[], listen);
         d.graceful_drop = true;
         d
+    }
+
+    /// The `state.json` of sandbox (or pool member) `id`.
+    pub fn sandbox_state(&self, id: &str) -> serde_json::Value {
+        let p = self
+            .state_dir
+            .path()
+            .join("sandboxes")
+            .join(id)
+            .join("state.json");
+        serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap()
     }
 
     /// Moves the state directory out (a fresh empty one takes its place),

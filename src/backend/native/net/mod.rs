@@ -249,6 +249,15 @@ impl Network {
         }))
     }
 
+    /// The slot `from` holds is now `to`'s (a claimed pool member).
+    pub fn rename(&self, from: &str, to: &str) {
+        let Some(e) = &self.egress else { return };
+        let mut pool = Self::pool(e);
+        if let Some(slot) = pool.release(from) {
+            pool.claim(to, slot);
+        }
+    }
+
     /// A restarted daemon keeps the network of an adopted sandbox. False
     /// when the recorded slot does not fit this daemon's pool.
     pub fn adopt(&self, id: &str, st: &NetState) -> bool {

@@ -1,0 +1,774 @@
+//! The warm pool (`[pool] size`): sandboxes started ahead of demand —
+//! namespaces, rootfs, cgroup, network, agent listening — but bound to no
+//! user. A create that fits (the default image and network mode) claims
+//! one instead of starting a sandbox; the pool refills in the background.
+//!
+//! How a member becomes a user's sandbox without the daemon ever entering
+//! its mount namespace (threat model in `docs/security.md#warm-pool`):
+//!
+//! - Each member has two *attach points* on the host,
+//!   `<state_dir>/pool-mounts/<key>/{user-data,skills}`: empty directories,
+//!   each bound onto itself and made `shared` (a peer group of its own),
+//!   under `pool-mounts/`, itself a private bind, so nothing made there
+//!   propagates anywhere else on the host.
+//! - The member's bundle binds them at `/home/gem/user-data` and
+//!   `/home/gem/skills` as `slave` mounts (see `sandbox-init`'s
+//!   `SlaveTrees`): what is mounted on an attach point later appears there.
+//! - A claim opens the user's workspace and skills without following
+//!   symlinks, makes detached copies of them (`open_tree`), sets the same
+//!   attributes a cold create gives them (idmapped through the member's user
+//!   namespace, `nosuid`, `nodev`, skills read-only) and attaches them to the
+//!   attach points. The kernel copies them into the member's namespace,
+//!   where they arrive locked (a mount propagated into a less privileged
+//!   namespace cannot be made writable there). The daemon then cuts the
+//!   propagation (the attach point becomes private) and unmounts its own
+//!   side: no user data stays mounted on the host.
+//! - The member's agent (`--pooled`) answers nothing but one
+//!   `POST /internal/claim`, which gives it the command environment and the
+//!   working directory and returns the device and inode it sees at both
+//!   paths; the daemon compares them with what it attached.
+//! - Its state directory is renamed to the sandbox id; its cgroup keeps
+//!   the member's key as its name (recorded in `state.json`).
+//!
+//! A member that fails a claim is destroyed and the create falls back to a
+//! cold start. Members are never given back: a claimed sandbox is deleted
+//! like any other. A restarted daemon destroys every member it finds.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use oci_spec::runtime::{MountBuilder, Spec};
+use rustix::mount::MountAttrFlags;
+use tracing::{info, warn};
+
+use super::create::Started;
+use super::state::Phase;
+use super::{blocking, output, paths, record_of, Live, NativeBackend, NativeError};
+use crate::config::{NetworkMode, PoolConfig};
+use crate::images::ResolvedImage;
+use crate::model::{
+    new_generation, unix_now, Identity, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
+    POOL_KEY_PREFIX,
+};
+use sandbox_abi::claim::{ClaimAnswer, ClaimRequest, FileId, CLAIM_PATH};
+use sandbox_abi::layout::GUEST;
+use sandbox_abi::mountapi::{self, Propagation};
+
+/// The two attach points of a member, relative to its slot directory.
+const ATTACH: [&str; 2] = ["user-data", "skills"];
+
+/// A failed claim: the error, and the member unless it is already gone.
+type Failed = Box<(NativeError, Option<Member>)>;
+
+/// A started, unclaimed member.
+pub(super) struct Member {
+    started: Started,
+    /// The manifest digest of its image (none: the host's userland).
+    image: Option<String>,
+    mode: NetworkMode,
+}
+
+/// The pool: its members and its attach points.
+pub struct Pool {
+    size: usize,
+    concurrency: usize,
+    /// `<state_dir>/pool-mounts`.
+    mounts_root: PathBuf,
+    members: Mutex<VecDeque<Member>>,
+    /// Members being started.
+    starting: AtomicUsize,
+    /// Consecutive failed starts (backs the refill off).
+    failures: AtomicU32,
+    claimed: AtomicU64,
+    empty: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Pool {
+    /// The pool of `cfg` (see [`start`](Self::start)).
+    pub fn new(cfg: &PoolConfig, state_dir: &Path) -> Pool {
+        Pool {
+            size: cfg.size,
+            concurrency: cfg.refill_concurrency.max(1),
+            mounts_root: state_dir.join("pool-mounts"),
+            members: Mutex::default(),
+            starting: AtomicUsize::new(0),
+            failures: AtomicU32::new(0),
+            claimed: AtomicU64::new(0),
+            empty: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// After the start-up reconciliation: removes the attach points of
+    /// every member of an earlier run (destroyed by the reconciliation)
+    /// but those of the adopted sandboxes `keep` (claimed members, by
+    /// their cgroup key), then makes the root a private bind of itself.
+    pub fn start(&self, keep: &std::collections::HashSet<String>) -> Result<(), NativeError> {
+        if let Ok(rd) = std::fs::read_dir(&self.mounts_root) {
+            for e in rd.flatten() {
+                if let Some(name) = e.file_name().to_str() {
+                    if !keep.contains(name) {
+                        warn!(
+                            key = name,
+                            "removing the attach points of a pool member of an earlier run"
+                        );
+                        self.remove_slot(name);
+                    }
+                }
+            }
+        }
+        if self.size > 0 {
+            self.prepare_root()
+                .map_err(|source| NativeError::PoolMounts {
+                    path: self.mounts_root.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    fn members(&self) -> std::sync::MutexGuard<'_, VecDeque<Member>> {
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Members ready to be claimed.
+    pub fn ready(&self) -> usize {
+        self.members().len()
+    }
+
+    /// Members being started.
+    pub fn starting(&self) -> usize {
+        self.starting.load(Ordering::SeqCst)
+    }
+
+    /// The counters for `/metrics`.
+    pub fn stats(&self) -> crate::backend::PoolStats {
+        crate::backend::PoolStats {
+            ready: self.ready() as u64,
+            claimed: self.claimed.load(Ordering::Relaxed),
+            empty: self.empty.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn prepare_root(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.mounts_root)?;
+        unmount_all(&self.mounts_root);
+        let root = self.mounts_root.as_path();
+        mount(
+            Some(root),
+            root,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )?;
+        mount(
+            None::<&str>,
+            root,
+            None::<&str>,
+            MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )?;
+        Ok(())
+    }
+
+    fn slot_dir(&self, key: &str) -> PathBuf {
+        self.mounts_root.join(key)
+    }
+
+    /// Makes the attach points of member `key`; returns its slot directory.
+    pub(super) fn make_slot(&self, key: &str) -> std::io::Result<PathBuf> {
+        let slot = self.slot_dir(key);
+        std::fs::create_dir(&slot)?;
+        for name in ATTACH {
+            let p = slot.join(name);
+            std::fs::create_dir(&p)?;
+            mount(Some(&p), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+            mount(
+                None::<&str>,
+                &p,
+                None::<&str>,
+                MsFlags::MS_SHARED,
+                None::<&str>,
+            )?;
+        }
+        Ok(slot)
+    }
+
+    /// Unmounts and removes the attach points of member `key` (never a
+    /// recursive delete: `rmdir` only, so nothing mounted is ever removed
+    /// through them).
+    pub fn remove_slot(&self, key: &str) {
+        let slot = self.slot_dir(key);
+        for name in ATTACH {
+            let p = slot.join(name);
+            unmount_all(&p);
+            if let Err(e) = std::fs::remove_dir(&p) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    warn!(key, path = %p.display(), error = %e, "cannot remove a pool attach point");
+                }
+            }
+        }
+        if let Err(e) = std::fs::remove_dir(&slot) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                warn!(key, path = %slot.display(), error = %e, "cannot remove a pool slot");
+            }
+        }
+    }
+
+    /// A member for a sandbox of network `mode` and image `image`, if one
+    /// is ready.
+    fn take(&self, mode: NetworkMode, image: Option<&str>) -> Option<Member> {
+        let mut members = self.members();
+        let i = members
+            .iter()
+            .position(|m| m.mode == mode && m.image.as_deref() == image)?;
+        members.remove(i)
+    }
+
+    /// How many more members to start now.
+    fn wanted(&self) -> usize {
+        let have = self.ready() + self.starting.load(Ordering::SeqCst);
+        let starting = self.starting.load(Ordering::SeqCst);
+        self.size
+            .saturating_sub(have)
+            .min(self.concurrency.saturating_sub(starting))
+    }
+}
+
+/// Unmounts everything mounted at `path` (lazily), top first.
+fn unmount_all(path: &Path) {
+    for _ in 0..16 {
+        if umount2(path, MntFlags::MNT_DETACH).is_err() {
+            return;
+        }
+    }
+}
+
+/// Turns a member's spec into a pool member's: the user-data and skills
+/// mounts become slave binds of its attach points, the agent waits for a
+/// claim, and works from the home directory until then.
+pub(super) fn member_spec(oci: &mut Spec, slot: &Path) -> Result<(), String> {
+    let mut mounts = oci.mounts().clone().unwrap_or_default();
+    for (dest, name) in [(GUEST.user_data, ATTACH[0]), (GUEST.skills, ATTACH[1])] {
+        let m = MountBuilder::default()
+            .destination(dest)
+            .typ("bind")
+            .source(slot.join(name))
+            .options(
+                ["bind", "slave", "ro", "nosuid", "nodev"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .build()
+            .map_err(|e| e.to_string())?;
+        match mounts
+            .iter_mut()
+            .find(|x| x.destination() == Path::new(dest))
+        {
+            Some(x) => *x = m,
+            None => mounts.push(m),
+        }
+    }
+    oci.set_mounts(Some(mounts));
+    let mut process = oci.process().clone().ok_or("the spec has no process")?;
+    let mut args = process.args().clone().unwrap_or_default();
+    args.push("--pooled".to_string());
+    process.set_args(Some(args));
+    process.set_cwd(PathBuf::from(GUEST.home));
+    oci.set_process(Some(process));
+    Ok(())
+}
+
+/// The spec a member is started from: bound to no user.
+fn member_sandbox_spec(key: &str, resources: crate::model::Resources) -> SandboxSpec {
+    SandboxSpec {
+        sandbox_id: key.to_string(),
+        identity: Identity {
+            thread_id: "pool".to_string(),
+            uid: "pool".to_string(),
+            workdir_path: None,
+            storage: StorageMode::Persistent,
+            image: None,
+        },
+        env: Default::default(),
+        resources,
+        network: None,
+    }
+}
+
+/// Attaches a detached tree to attach point `point`, then cuts the
+/// propagation and unmounts the host's side. Returns the device and inode
+/// of the tree's root, as the member must see them.
+fn attach_and_cut(
+    point: &Path,
+    attach: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<FileId> {
+    use rustix::fs::{Mode, OFlags};
+    // The attach point's own mount, before anything covers it.
+    let point_fd = rustix::fs::open(
+        point,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    attach(point)?;
+    let st = rustix::fs::stat(point)?;
+    let id = FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    };
+    // Private: the unmounts below stay on the host's side.
+    mountapi::mount_setattr(
+        point_fd.as_fd(),
+        false,
+        MountAttrFlags::empty(),
+        Propagation::Private,
+        None,
+    )?;
+    unmount_all(point);
+    Ok(id)
+}
+
+/// What a claim attached: the ids the member's agent must report.
+struct Attached {
+    user_data: Option<FileId>,
+    skills: Option<FileId>,
+}
+
+impl NativeBackend {
+    /// Starts the pool's refill (at start-up, after a claim, after a
+    /// failed start).
+    pub fn refill_pool(&self) {
+        let pool = &self.pool;
+        if pool.size == 0 || self.quiescing() {
+            return;
+        }
+        for _ in 0..pool.wanted() {
+            pool.starting.fetch_add(1, Ordering::SeqCst);
+            let b = self.clone();
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                pool.starting.fetch_sub(1, Ordering::SeqCst);
+                return;
+            };
+            rt.spawn(async move {
+                let ok = b.start_member().await;
+                b.pool.starting.fetch_sub(1, Ordering::SeqCst);
+                if !ok {
+                    // Backed off: 1 s doubling to a minute.
+                    let n = b.pool.failures.fetch_add(1, Ordering::SeqCst).min(6);
+                    tokio::time::sleep(Duration::from_secs(1 << n)).await;
+                } else {
+                    b.pool.failures.store(0, Ordering::SeqCst);
+                }
+                b.refill_pool();
+            });
+        }
+    }
+
+    /// Starts one member; false when that failed (logged).
+    async fn start_member(&self) -> bool {
+        let timeout = self.health_timeout;
+        let image = match self.images.resolve(None, timeout).await {
+            Ok(i) => i,
+            Err(e) => {
+                warn!(error = %e, "pool: the default image is not available; retrying");
+                return false;
+            }
+        };
+        let b = self.clone();
+        let started = tokio::task::spawn_blocking(move || {
+            let key = format!("{POOL_KEY_PREFIX}{:016x}", rand::random::<u64>());
+            let spec = member_sandbox_spec(&key, b.default_resources);
+            let slot = b
+                .pool
+                .make_slot(&key)
+                .map_err(|source| NativeError::PoolMounts {
+                    path: b.pool.slot_dir(&key),
+                    source,
+                });
+            let slot = match slot {
+                Ok(s) => s,
+                Err(e) => {
+                    b.pool.remove_slot(&key);
+                    return Err(e);
+                }
+            };
+            let mode = b.net.effective(None)?;
+            let r = b.start(&spec, timeout, image.as_ref(), Some(&slot));
+            if r.is_err() {
+                b.pool.remove_slot(&key);
+            }
+            r.map(|started| Member {
+                started,
+                image: image.map(|i| i.digest.to_string()),
+                mode,
+            })
+        })
+        .await;
+        match started {
+            Ok(Ok(m)) => {
+                if self.quiescing() {
+                    self.destroy_member(m);
+                    return true;
+                }
+                info!(key = %m.started.st.sandbox_id, pid = m.started.handle.pid, "pool member ready");
+                self.pool.members().push_back(m);
+                true
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "pool: cannot start a member");
+                false
+            }
+            Err(e) => {
+                warn!(error = %e, "pool: the member start panicked");
+                false
+            }
+        }
+    }
+
+    fn destroy_member(&self, m: Member) {
+        let key = m.started.st.sandbox_id.clone();
+        self.destroy(&key, Some(&m.started.handle));
+        info!(key = %key, "pool member destroyed");
+    }
+
+    /// Destroys every ready member (daemon shutdown).
+    pub fn drain_pool(&self) {
+        let members: Vec<Member> = self.pool.members().drain(..).collect();
+        for m in members {
+            self.destroy_member(m);
+        }
+        // Nothing is mounted on the host side any more (claimed members'
+        // attach points were cut off at their claim).
+        unmount_all(&self.pool.mounts_root);
+    }
+
+    /// Claims a member for `spec` if one fits. `None`: none fits or the
+    /// claim failed (the member is destroyed, the caller starts the
+    /// sandbox cold).
+    pub(super) async fn claim(
+        &self,
+        spec: &SandboxSpec,
+        image: Option<&ResolvedImage>,
+    ) -> Result<Option<SandboxRecord>, NativeError> {
+        if self.pool.size == 0 {
+            return Ok(None);
+        }
+        let mode = self.net.effective(spec.network)?;
+        let digest = image.map(|i| i.digest.to_string());
+        // The user's paths are checked first: an error there is the
+        // request's, and leaves the member in the pool.
+        {
+            let (b, s) = (self.clone(), spec.clone());
+            blocking(move || b.prepare_user_paths(&s)).await?;
+        }
+        let Some(m) = self.pool.take(mode, digest.as_deref()) else {
+            info!("pool: no member ready; starting the sandbox cold");
+            self.pool.empty.fetch_add(1, Ordering::Relaxed);
+            self.refill_pool();
+            return Ok(None);
+        };
+        self.refill_pool();
+        let key = m.started.st.sandbox_id.clone();
+        match self.claim_member(m, spec).await {
+            Ok(r) => {
+                self.pool.claimed.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(r))
+            }
+            Err(failed) => {
+                let (e, m) = *failed;
+                self.pool.failed.fetch_add(1, Ordering::Relaxed);
+                warn!(key = %key, error = %e, "pool: claim failed; destroying the member and starting the sandbox cold");
+                if let Some(m) = m {
+                    let b = self.clone();
+                    let _ = blocking(move || {
+                        b.destroy_member(m);
+                        Ok(())
+                    })
+                    .await;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    async fn claim_member(&self, m: Member, spec: &SandboxSpec) -> Result<SandboxRecord, Failed> {
+        let (b, s) = (self.clone(), spec.clone());
+        let (m, attached) = blocking(move || {
+            let r = b.attach_user(&m, &s);
+            Ok((m, r))
+        })
+        .await
+        .map_err(|e| Box::new((e, None)))?;
+        let attached = match attached {
+            Ok(a) => a,
+            Err(e) => return Err(Box::new((e, Some(m)))),
+        };
+        let req = ClaimRequest {
+            env: super::bundle::command_env(self.bundler.base(), spec),
+            cwd: match &spec.identity.workdir_path {
+                Some(w) => format!("{}/{w}", GUEST.user_data),
+                None => GUEST.home.to_string(),
+            },
+        };
+        let answer = match self.call_claim(&m, &req).await {
+            Ok(a) => a,
+            Err(e) => return Err(Box::new((e, Some(m)))),
+        };
+        if answer.user_data != attached.user_data || answer.skills != attached.skills {
+            let e = NativeError::Claim(format!(
+                "the member does not see what was attached (attached {:?}/{:?}, it sees {:?}/{:?})",
+                attached.user_data, attached.skills, answer.user_data, answer.skills
+            ));
+            return Err(Box::new((e, Some(m))));
+        }
+        let (b, s) = (self.clone(), spec.clone());
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(|| b.commit_claim(m, &s)))
+            .await
+            .map_err(|e| Box::new((NativeError::Worker(e), None)))?
+    }
+
+    /// Binds the user's directories into member `m` (see the module
+    /// documentation), sets its limits and hostname.
+    fn attach_user(&self, m: &Member, spec: &SandboxSpec) -> Result<Attached, NativeError> {
+        let key = &m.started.st.sandbox_id;
+        let handle = &m.started.handle;
+        if handle.exited() {
+            return Err(NativeError::Claim(format!("pool member {key} exited")));
+        }
+        let userns = match m.started.st.userns {
+            Some(_) => Some(handle.open_userns().map_err(|e| {
+                NativeError::Claim(format!("cannot open the member's user namespace: {e}"))
+            })?),
+            None => None,
+        };
+        let slot = self.pool.slot_dir(key);
+        let host = self.bundler.host();
+        let claim_err = |what: &str, e: std::io::Error| NativeError::Claim(format!("{what}: {e}"));
+        let mut attrs = MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
+        if userns.is_some() {
+            attrs |= MountAttrFlags::MOUNT_ATTR_IDMAP;
+        }
+        let bind = |src: &Path, extra: MountAttrFlags| -> Result<OwnedFd, NativeError> {
+            let fd =
+                paths::open_dir_nofollow(src).map_err(|e| NativeError::Claim(e.to_string()))?;
+            let tree =
+                mountapi::clone_tree(fd.as_fd(), false).map_err(|e| claim_err("open_tree", e))?;
+            mountapi::mount_setattr(
+                tree.as_fd(),
+                false,
+                attrs | extra,
+                Propagation::Private,
+                userns.as_ref().map(|u| u.as_fd()),
+            )
+            .map_err(|e| claim_err("mount_setattr", e))?;
+            Ok(tree)
+        };
+        let (user_data, skills) = match spec.identity.storage {
+            StorageMode::Persistent => {
+                let ws = bind(&host.workspace(&spec.identity.uid), MountAttrFlags::empty())?;
+                let sk = bind(
+                    &host.skills(&spec.identity.uid),
+                    MountAttrFlags::MOUNT_ATTR_RDONLY,
+                )?;
+                let u = attach_and_cut(&slot.join(ATTACH[0]), |p| mountapi::attach(ws.as_fd(), p))
+                    .map_err(|e| claim_err("attaching the workspace", e))?;
+                let s = attach_and_cut(&slot.join(ATTACH[1]), |p| mountapi::attach(sk.as_fd(), p))
+                    .map_err(|e| claim_err("attaching the skills", e))?;
+                (Some(u), Some(s))
+            }
+            StorageMode::Ephemeral => {
+                // A fresh tmpfs, as a cold ephemeral create mounts (owned by
+                // the sandbox's uid 1000, on the host the id it maps to).
+                let owner = m.started.st.userns.as_ref().map_or(1000, |r| r.host + 1000);
+                let data = format!(
+                    "mode=700,uid={owner},gid={owner},size={}m",
+                    host.limits.home_size_mb
+                );
+                let u = attach_and_cut(&slot.join(ATTACH[0]), |p| {
+                    mount(
+                        Some("tmpfs"),
+                        p,
+                        Some("tmpfs"),
+                        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                        Some(data.as_str()),
+                    )
+                    .map_err(std::io::Error::from)
+                })
+                .map_err(|e| claim_err("mounting the ephemeral user data", e))?;
+                // The skills attach point stays empty.
+                let s = attach_and_cut(&slot.join(ATTACH[1]), |_| Ok(()))
+                    .map_err(|e| claim_err("closing the skills attach point", e))?;
+                (Some(u), Some(s))
+            }
+        };
+        // The attach-point directories stay until the sandbox is destroyed:
+        // removing a directory detaches every mount on it, in every
+        // namespace, and the user's directories are mounted on them inside.
+        if spec.resources != m.started.st.resources {
+            m.started.cgroup.apply(&spec.resources)?;
+        }
+        self.set_hostname(m, &super::bundle::hostname_for(&spec.sandbox_id))?;
+        Ok(Attached { user_data, skills })
+    }
+
+    /// Sets the member's hostname (its UTS namespace, from a thread that
+    /// joins it and ends) and its `/etc/hostname` and `/etc/hosts` (the
+    /// bound files, rewritten in place).
+    fn set_hostname(&self, m: &Member, hostname: &str) -> Result<(), NativeError> {
+        let uts = m.started.handle.open_utsns().map_err(|e| {
+            NativeError::Claim(format!("cannot open the member's UTS namespace: {e}"))
+        })?;
+        let name = hostname.to_string();
+        std::thread::spawn(move || -> Result<(), String> {
+            nix::sched::setns(uts, nix::sched::CloneFlags::CLONE_NEWUTS)
+                .map_err(|e| format!("setns(uts): {e}"))?;
+            nix::unistd::sethostname(&name).map_err(|e| format!("sethostname: {e}"))
+        })
+        .join()
+        .map_err(|_| NativeError::Claim("the hostname thread panicked".into()))?
+        .map_err(NativeError::Claim)?;
+        let files = self
+            .state
+            .bundle_dir(&m.started.st.sandbox_id)
+            .join("files");
+        let resolv = std::fs::read_to_string(files.join("resolv.conf")).unwrap_or_default();
+        for (name, content) in super::bundle::generated_files(hostname, &resolv) {
+            if name != "hostname" && name != "hosts" {
+                continue;
+            }
+            let path = files.join(name);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(|e| NativeError::Claim(format!("{}: {e}", path.display())))?;
+            std::io::Write::write_all(&mut f, content.as_bytes())
+                .map_err(|e| NativeError::Claim(format!("{}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+
+    /// `POST /internal/claim` to the member's agent, through its netns.
+    async fn call_claim(&self, m: &Member, req: &ClaimRequest) -> Result<ClaimAnswer, NativeError> {
+        use http_body_util::{BodyExt, Full};
+        let addr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::LOCALHOST,
+            self.bundler.host().container_port,
+        ));
+        let err =
+            |what: &str, e: &dyn std::fmt::Display| NativeError::Claim(format!("{what}: {e}"));
+        let stream = self
+            .dialer
+            .connect(m.started.netns.clone(), addr)
+            .await
+            .map_err(|e| err("dialing the member's agent", &e))?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| err("handshake", &e))?;
+        tokio::spawn(conn);
+        let body = serde_json::to_vec(req).map_err(|e| err("encoding", &e))?;
+        let request = hyper::Request::post(CLAIM_PATH)
+            .header(hyper::header::HOST, "localhost")
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| err("request", &e))?;
+        let resp = tokio::time::timeout(self.health_timeout, send.send_request(request))
+            .await
+            .map_err(|_| NativeError::Claim("the member's agent did not answer the claim".into()))?
+            .map_err(|e| err("claim", &e))?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| err("reading the claim's answer", &e))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(NativeError::Claim(format!(
+                "the member's agent refused the claim ({status}): {}",
+                String::from_utf8_lossy(&bytes)
+            )));
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            data: ClaimAnswer,
+        }
+        serde_json::from_slice::<Envelope>(&bytes)
+            .map(|e| e.data)
+            .map_err(|e| err("decoding the claim's answer", &e))
+    }
+
+    /// Makes the claimed member sandbox `spec.sandbox_id`: its directory
+    /// renamed, one durable `state.json`, then tracked.
+    fn commit_claim(&self, m: Member, spec: &SandboxSpec) -> Result<SandboxRecord, Failed> {
+        let key = m.started.st.sandbox_id.clone();
+        let id = spec.sandbox_id.as_str();
+        let fail = |e: NativeError, m: Member| Err(Box::new((e, Some(m))));
+        // A leftover directory of a dead incarnation (the lifecycle deleted
+        // any live one first).
+        if let Err(e) = self.state.remove(id) {
+            return fail(e.into(), m);
+        }
+        if let Err(e) = std::fs::rename(self.state.sandbox_dir(&key), self.state.sandbox_dir(id)) {
+            return fail(
+                NativeError::Claim(format!("renaming the member's directory: {e}")),
+                m,
+            );
+        }
+        let Member { started, .. } = m;
+        let Started {
+            mut st,
+            handle,
+            netns,
+            cgroup,
+            out_r,
+            ..
+        } = started;
+        st.sandbox_id = id.to_string();
+        st.generation = new_generation();
+        st.identity = spec.identity.clone();
+        st.resources = spec.resources;
+        st.phase = Phase::Running;
+        st.created_at = unix_now();
+        tracing::Span::current().record("generation", st.generation.as_str());
+        // In memory, the member's key becomes the id.
+        if let Some(u) = &self.userns {
+            u.rename(&key, id);
+        }
+        self.net.rename(&key, id);
+        if let Err(e) = self.state.save(&st) {
+            // Destroyed under its new id (the directory moved).
+            self.destroy(id, Some(&handle));
+            return Err(Box::new((e.into(), None)));
+        }
+        info!(sandbox_id = %id, generation = %st.generation, key = %key, pid = handle.pid, "claimed a pool member");
+        self.outputs
+            .start(id, Arc::new(output::Output::new(id, &st.generation)), out_r);
+        let record = record_of(&st, SandboxStatus::Running);
+        self.track(Live::new(
+            record.clone(),
+            handle,
+            netns,
+            Some(cgroup),
+            st.network.clone(),
+            key,
+        ));
+        Ok(record)
+    }
+}
