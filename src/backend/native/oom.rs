@@ -31,7 +31,7 @@
 //! watcher before its cgroup went. Flags only ever go from unset to set.
 //!
 //! Discover (one record) still reads its own counter: one read costs less
-//! than `/proc/vmstat` (about 60 µs), and so does a list of at most
+//! than `/proc/vmstat` (about 50 µs), and so does a list of at most
 //! [`DIRECT_MAX`] sandboxes not yet flagged. Without `oom_kill` in
 //! `/proc/vmstat` (a kernel without `CONFIG_VM_EVENT_COUNTERS`) every list
 //! reads every counter, as before; the daemon says so at start.
