@@ -398,6 +398,9 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// p50 (ms) of `k` requests.
+/// Requests per list or discover figure (each on a fresh connection).
+const SAMPLES: usize = 50;
+
 fn timed(addr: &str, method: &str, path: &str, k: usize) -> f64 {
     let mut v: Vec<f64> = (0..k)
         .map(|_| {
@@ -429,8 +432,8 @@ fn run_density(root: &Path, n: usize, idle: Duration) -> Vec<String> {
     };
     let mut rows = Vec::new();
     let mut first = vec![create(0)];
-    let list1 = timed(&d.addr, "GET", "/api/sandboxes", 20);
-    let disc1 = timed(&d.addr, "GET", "/api/sandboxes/d0", 20);
+    let list1 = timed(&d.addr, "GET", "/api/sandboxes", SAMPLES);
+    let disc1 = timed(&d.addr, "GET", "/api/sandboxes/d0", SAMPLES);
     let rss1 = rss_kib(daemon_pid);
     first.extend((1..10.min(n)).map(create));
     let started = Instant::now();
@@ -452,8 +455,37 @@ fn run_density(root: &Path, n: usize, idle: Duration) -> Vec<String> {
         "[density] create p50 with 1–10 live {c1:.1} ms, with {}–{n} live {cn:.1} ms",
         n - 10
     );
-    let listn = timed(&d.addr, "GET", "/api/sandboxes", 20);
-    let discn = timed(&d.addr, "GET", &format!("/api/sandboxes/d{}", n / 2), 20);
+    let listn = timed(&d.addr, "GET", "/api/sandboxes", SAMPLES);
+    let discn = timed(
+        &d.addr,
+        "GET",
+        &format!("/api/sandboxes/d{}", n / 2),
+        SAMPLES,
+    );
+    let per_record_us = (listn - list1) * 1000.0 / (n - 1).max(1) as f64;
+    // What serializing the same records costs by itself: the list's body,
+    // parsed, serialized again by serde_json in this process.
+    let (s, out) = http(&d.addr, "GET", "/api/sandboxes", "");
+    assert_eq!(s, 200, "list: {out}");
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let listed: serde_json::Value = serde_json::from_str(body).expect("list body");
+    assert_eq!(listed["count"], n, "every sandbox listed");
+    let mut ser: Vec<f64> = (0..SAMPLES)
+        .map(|_| {
+            let t = Instant::now();
+            let v = serde_json::to_vec(&listed).unwrap();
+            assert!(v.len() > n);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let ser_us = pct(&mut ser, 0.5) / n as f64;
+    println!(
+        "[density] list {list1:.3} → {listn:.3} ms ({per_record_us:.2} µs per record; {} bytes; serde_json {ser_us:.2} µs per record), discover {disc1:.3} → {discn:.3} ms",
+        body.len()
+    );
     // The agents: PID 1 of each sandbox, from the state directory.
     let state = root.join("state-egress").join("sandboxes");
     let agents: Vec<u32> = (0..n)
@@ -502,11 +534,21 @@ fn run_density(root: &Path, n: usize, idle: Duration) -> Vec<String> {
         ),
         (
             format!("list p50, 1 → {n} live (ms)"),
-            format!("{list1:.2} → {listn:.2}"),
+            format!("{list1:.3} → {listn:.3}"),
+        ),
+        (
+            format!(
+                "list cost per live sandbox: (p50 at {n} − p50 at 1) / {} (µs)",
+                n - 1
+            ),
+            format!(
+                "{per_record_us:.2} (body {:.0} KiB; serde_json alone, same records: {ser_us:.2})",
+                body.len() as f64 / 1024.0
+            ),
         ),
         (
             format!("discover p50, 1 → {n} live (ms)"),
-            format!("{disc1:.2} → {discn:.2}"),
+            format!("{disc1:.3} → {discn:.3}"),
         ),
         (
             format!("daemon RSS, 1 → {n} live (MiB)"),
@@ -723,10 +765,12 @@ Goal: claim-to-ready p50 ≤ 5 ms through the API.\n<!-- POOL:END -->",
             "<!-- DENSITY:BEGIN (written by bench/density.sh) -->\n\
 Measured {} on {} cores ({}, {} GiB), release build, `bash bench/density.sh` (BENCH_DENSITY={n},\n\
 BENCH_IDLE_SECONDS={idle}): one daemon with the default configuration (egress networking, default limits); {n}\n\
-sandboxes created one after another (50 users), left idle, then deleted 8 at a time.\n\n\
+sandboxes created one after another (50 users), left idle, then deleted 8 at a time. List and discover: p50 of {SAMPLES}\n\
+requests, each on a fresh connection.\n\n\
 | what | value |\n|---|---|\n{}\n\n\
 Goals: daemon RSS ≤ 50 MiB, agent RSS ≤ 5 MiB each, no CPU used by idle sandboxes, create p50 at {n} live ≤ 1.5 × at\n\
-1 live, list/discover flat, all deleted within 60 s.\n<!-- DENSITY:END -->",
+1 live, list/discover flat (discover the same at {n} live as at 1; list's cost per live sandbox near what\n\
+serializing its record costs), all deleted within 60 s.\n<!-- DENSITY:END -->",
             chrono_date(),
             std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),

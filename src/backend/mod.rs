@@ -129,6 +129,17 @@ pub trait Backend: Send + Sync + 'static {
         r
     }
 
+    /// [`refresh`](Backend::refresh) of every record (list), in place:
+    /// the same answers. Only `status` and `oom_killed` change. The
+    /// default refreshes one by one.
+    async fn refresh_all(&self, records: &mut [SandboxRecord]) {
+        let fresh = futures_util::future::join_all(records.iter().map(|r| self.refresh(r))).await;
+        for (r, f) in records.iter_mut().zip(fresh) {
+            r.status = f.status;
+            r.oom_killed = f.oom_killed;
+        }
+    }
+
     /// Destroys exactly this incarnation (`generation`). Succeeds when it is
     /// already gone. Never touches user files.
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;

@@ -389,22 +389,49 @@ impl Lifecycle {
     async fn refresh(&self, record: SandboxRecord) -> SandboxRecord {
         let fresh = self.backend.refresh(&record).await;
         if fresh != record {
-            if fresh.oom_killed == Some(true) && record.oom_killed != Some(true) {
-                self.metrics.oom_kills.inc();
-            }
-            if let Some(t) = self.table().get_mut(&record.sandbox_id) {
-                if t.record.generation == record.generation {
-                    t.record = fresh.clone();
-                }
-            }
+            self.store_refreshed(&mut self.table(), record.oom_killed, &fresh);
         }
         fresh
     }
 
-    /// Every tracked sandbox, with refreshed statuses.
+    /// Stores `fresh` (a refresh of a record whose `oom_killed` was
+    /// `old_oom`) if the table still holds that incarnation; counts a newly
+    /// reported OOM kill.
+    fn store_refreshed(
+        &self,
+        table: &mut HashMap<String, Tracked>,
+        old_oom: Option<bool>,
+        fresh: &SandboxRecord,
+    ) {
+        if fresh.oom_killed == Some(true) && old_oom != Some(true) {
+            self.metrics.oom_kills.inc();
+        }
+        if let Some(t) = table.get_mut(&fresh.sandbox_id) {
+            if t.record.generation == fresh.generation {
+                t.record = fresh.clone();
+            }
+        }
+    }
+
+    /// Every tracked sandbox, with refreshed statuses: one backend call
+    /// for all of them ([`Backend::refresh_all`]), the changed ones stored
+    /// under one lock of the table.
     pub async fn list(&self) -> Vec<SandboxRecord> {
-        let records: Vec<SandboxRecord> = self.table().values().map(|t| t.record.clone()).collect();
-        let mut out = join_all(records.into_iter().map(|r| self.refresh(r))).await;
+        let mut out: Vec<SandboxRecord> = self.table().values().map(|t| t.record.clone()).collect();
+        let before: Vec<(SandboxStatus, Option<bool>)> =
+            out.iter().map(|r| (r.status, r.oom_killed)).collect();
+        self.backend.refresh_all(&mut out).await;
+        let mut changed = out
+            .iter()
+            .zip(&before)
+            .filter(|(fresh, old)| (fresh.status, fresh.oom_killed) != **old)
+            .peekable();
+        if changed.peek().is_some() {
+            let mut table = self.table();
+            for (fresh, (_, old_oom)) in changed {
+                self.store_refreshed(&mut table, *old_oom, fresh);
+            }
+        }
         out.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
         out
     }

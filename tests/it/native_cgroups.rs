@@ -1,6 +1,7 @@
 //! Per-sandbox cgroups seen from the outside, on real sandboxes
 //! (privileged): a fork bomb stops at the pids limit, a memory hog is
-//! OOM-killed but the agent survives and the kill is reported, a CPU
+//! OOM-killed but the agent survives and the kill is reported (also at
+//! once among many sandboxes), a CPU
 //! spinner is held to its quota, `/tmp` stops at its size cap without
 //! touching the host's disk and is charged to the memory limit, per-request
 //! resources reach the kernel, and no cgroup outlives its sandbox (delete,
@@ -303,6 +304,99 @@ async fn memory_hog_is_oom_killed_and_the_agent_survives() {
 
     delete(&d, "hog").await;
     assert_gone(&d, &dirs, "hog");
+}
+
+/// `oom_killed` is right at once among more sandboxes than a list reads
+/// directly (the native backend reads their OOM counters only after the
+/// node-wide count in `/proc/vmstat` moved): a list taken before the kill
+/// (nothing to report, the count remembered), then the kill, then a list
+/// and a discover right after the command's status came back, for a kill
+/// in one sandbox, then in a second one, then in a third by a command in
+/// the background, listed as soon as its cgroup counted the kill.
+#[tokio::test]
+async fn oom_kills_are_listed_at_once_among_many_sandboxes() {
+    if !privileged("oom_kills_are_listed_at_once_among_many_sandboxes") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    let root = cgroup_root(&dirs);
+    let node_count = std::fs::read_to_string("/proc/vmstat")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("oom_kill "));
+    let gate_line = if node_count {
+        "list reads the sandboxes' counters only after the node-wide oom_kill count"
+    } else {
+        "every list reads the OOM counter of every live sandbox"
+    };
+    assert!(d.log_contains(gate_line), "no log line {gate_line:?}");
+    let ids: Vec<String> = (0..7).map(|i| format!("many{i}")).collect();
+    for id in &ids {
+        create(&d, id, json!({"memory_mb": 128})).await;
+    }
+    let flagged = |listed: &[Value]| -> Vec<String> {
+        listed
+            .iter()
+            .filter(|v| v["oom_killed"] == true)
+            .map(|v| v["sandbox_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for _ in 0..3 {
+        let listed = list(&d).await;
+        assert_eq!(listed.len(), ids.len());
+        assert_eq!(flagged(&listed), Vec::<String>::new(), "{listed:?}");
+    }
+    let hog = "python3 -c 'b = b\"x\" * (400 << 20)'; echo rc=$?";
+    let mut expected = Vec::new();
+    for id in ["many1", "many4"] {
+        let (out, _) = d.exec(id, hog).await;
+        assert!(
+            out.contains("rc=137"),
+            "{id}: the hog was not SIGKILLed: {out}"
+        );
+        expected.push(id.to_string());
+        let listed = list(&d).await;
+        assert_eq!(flagged(&listed), expected, "list right after {id}'s kill");
+        let (s, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+        assert_eq!((s, &v["oom_killed"]), (200, &json!(true)), "{v}");
+        // And the lists after it (no kill since: nothing read again).
+        assert_eq!(flagged(&list(&d).await), expected);
+    }
+    // A kill nobody is told about: listed once the cgroup counted it.
+    exec_async(&d, "many6", hog).await;
+    let cg = open(&root, "many6");
+    let end = Instant::now() + Duration::from_secs(60);
+    while cg.oom_kills() == 0 {
+        assert!(
+            Instant::now() < end,
+            "the background hog was not OOM-killed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    expected.push("many6".to_string());
+    assert_eq!(
+        flagged(&list(&d).await),
+        expected,
+        "list right after the kill"
+    );
+    for id in &ids {
+        let (s, v) = d.json("GET", &format!("/api/sandboxes/{id}"), None).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["status"], "running", "{v}");
+    }
+    let (s, _, body) = d.call("GET", "/metrics", None, None).await;
+    assert_eq!(s, 200);
+    let text = String::from_utf8_lossy(&body);
+    let kills: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sandboxd_oom_kills_total ")?.parse().ok())
+        .unwrap_or_else(|| panic!("no sandboxd_oom_kills_total in:\n{text}"));
+    assert_eq!(kills, 3.0, "one per sandbox that reported a kill");
+    for id in &ids {
+        delete(&d, id).await;
+        assert_gone(&d, &dirs, id);
+    }
 }
 
 #[tokio::test]

@@ -30,8 +30,10 @@ mod create;
 mod error;
 pub mod host;
 pub mod launch;
+mod listing;
 pub mod net;
 pub mod netns;
+mod oom;
 pub mod output;
 mod pool;
 pub use sandbox_abi::paths;
@@ -118,6 +120,8 @@ pub struct NativeBackend {
     health_timeout: Duration,
     /// The node's default limits (what a pool member starts with).
     default_resources: crate::model::Resources,
+    /// When list reads the sandboxes' OOM counters ([`oom`]).
+    oom: Arc<oom::Gate>,
 }
 
 impl NativeBackend {
@@ -188,6 +192,7 @@ impl NativeBackend {
                 cpus: cfg.limits.cpus,
                 pids: cfg.limits.pids,
             },
+            oom: Arc::new(oom::Gate::new()),
         };
         backend.reconcile();
         // The table from the adopted sandboxes; stale veths deleted.
@@ -231,6 +236,7 @@ impl NativeBackend {
         let id = l.record.sandbox_id.clone();
         let (generation, handle) = (l.record.generation.clone(), l.handle.clone());
         self.live().insert(id.clone(), l);
+        oom::tracked(&self.live, &id, &generation);
         let cleanup = watch::Cleanup {
             cgroups: self.cgroups.clone(),
             state: self.state.clone(),
@@ -402,6 +408,19 @@ fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), NativeError> 
     Ok(())
 }
 
+/// The status of `record` when `l` is its incarnation: running while
+/// the table says so and PID 1 has not exited (its pidfd, polled now).
+fn status_of(l: &Live, record: &SandboxRecord) -> SandboxStatus {
+    if record.generation == l.record.generation
+        && l.record.status == SandboxStatus::Running
+        && !l.handle.exited()
+    {
+        SandboxStatus::Running
+    } else {
+        SandboxStatus::Exited
+    }
+}
+
 fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
     SandboxRecord {
         sandbox_id: st.sandbox_id.clone(),
@@ -530,13 +549,7 @@ impl Backend for NativeBackend {
 
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
         match self.live().get(&record.sandbox_id) {
-            Some(l)
-                if l.record.generation == record.generation
-                    && l.record.status == SandboxStatus::Running
-                    && !l.handle.exited() =>
-            {
-                SandboxStatus::Running
-            }
+            Some(l) if l.record.generation == record.generation => status_of(l, record),
             _ => SandboxStatus::Exited,
         }
     }
@@ -556,6 +569,10 @@ impl Backend for NativeBackend {
             r.oom_killed = Some(true);
         }
         r
+    }
+
+    async fn refresh_all(&self, records: &mut [SandboxRecord]) {
+        listing::refresh_all(&self.oom, &self.live, records)
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
