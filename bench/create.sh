@@ -9,4 +9,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if ! command -v runc >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc >/dev/null
 fi
+# The daemon runs the launcher next to it (target/release/sandbox-init),
+# which `cargo bench` does not build.
+cargo build --release -p sandbox-init
 cargo bench --bench create
