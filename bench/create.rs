@@ -63,6 +63,23 @@ const NET_ENV: [(&str, &str); 3] = [
     ("SANDBOXD_NETWORK_SUBNET", "10.252.0.0/16"),
 ];
 
+/// `NET_ENV`'s value of `key`, or the bench's own environment's (so two
+/// benches can run side by side with their own table, links and subnet).
+fn net_env(key: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| {
+        NET_ENV
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default()
+    })
+}
+
+/// The daemons' cgroup parent (`SANDBOXD_CGROUP_PARENT` overrides it).
+fn cgroup_parent() -> String {
+    std::env::var("SANDBOXD_CGROUP_PARENT").unwrap_or_else(|_| "sandboxd-bench".to_string())
+}
+
 fn start_daemon(root: &Path, network: &str) -> Daemon {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -82,10 +99,10 @@ fn start_daemon(root: &Path, network: &str) -> Daemon {
         .env("PROVISIONER_BACKEND", "native")
         .env("SANDBOXD_USER_DATA_ROOT", root.join("ud"))
         .env("SANDBOXD_SKILLS_ROOT", root.join("sk"))
-        .env("SANDBOXD_CGROUP_PARENT", "sandboxd-bench")
+        .env("SANDBOXD_CGROUP_PARENT", cgroup_parent())
         .env("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true")
         .env("SANDBOXD_NETWORK", network)
-        .envs(NET_ENV)
+        .envs(NET_ENV.iter().map(|(k, _)| (*k, net_env(k))))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -618,7 +635,7 @@ Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY
     // The daemon leaves its nft table (a restart rebuilds it): the bench's
     // goes.
     let _ = Command::new("nft")
-        .args(["delete", "table", "inet", NET_ENV[0].1])
+        .args(["delete", "table", "inet", &net_env(NET_ENV[0].0)])
         .output();
     // The daemon removed its sandboxes' cgroups; the parent goes too.
     for c in std::fs::read_dir("/sys/fs/cgroup")
@@ -626,7 +643,7 @@ Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY
         .flatten()
         .flatten()
     {
-        let _ = std::fs::remove_dir(c.path().join("sandboxd-bench"));
+        let _ = std::fs::remove_dir(c.path().join(cgroup_parent()));
     }
 }
 
