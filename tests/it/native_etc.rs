@@ -178,3 +178,79 @@ async fn prepared_etc_is_shared_read_only_and_names_each_sandbox() {
         .await;
     assert_eq!(out, "# sandboxd: no network\nsbx-e3\n");
 }
+
+/// The prepared `/etc` is rebuilt from the host's files at every start: a
+/// sandbox adopted across a restart keeps the directory it was created
+/// with (removing it would empty that sandbox's `/etc`), a new one gets the
+/// new content, and a start that finds no sandbox removes the old ones.
+/// The host file changed here is the resolver list (`[network]
+/// resolv_conf`), which the egress `resolv.conf` is made from.
+#[tokio::test]
+async fn the_prepared_etc_follows_the_host_across_restarts() {
+    if !privileged("the_prepared_etc_follows_the_host_across_restarts") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    mkdir_user(&dirs.workspace("u1"));
+    mkdir_user(&dirs.skills().join("u1"));
+    let resolv = dirs.root.path().join("host-resolv.conf");
+    std::fs::write(&resolv, "nameserver 192.0.2.1\n").unwrap();
+    let r = resolv.to_string_lossy().to_string();
+    let env = [("SANDBOXD_NETWORK_RESOLV_CONF", r.as_str())];
+    let nameservers = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("nameserver"))
+            .map(String::from)
+            .collect()
+    };
+
+    let mut d = Daemon::start_native(&dirs, &env);
+    let (s, v) = d
+        .create(json!({"sandbox_id": "a1", "thread_id": "t1", "uid": "u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (out, _) = d.exec("a1", "cat /etc/resolv.conf").await;
+    assert_eq!(nameservers(&out), ["nameserver 192.0.2.1"], "{out}");
+    let first = etc_mounts(&d, "a1")[0].1.clone();
+
+    // Restart (the sandbox survives a killed daemon) after the host's
+    // resolvers changed.
+    d.kill();
+    let state = d.take_state_dir();
+    drop(d);
+    std::fs::write(&resolv, "nameserver 192.0.2.2\n").unwrap();
+    let mut d = Daemon::start_native_in(&dirs, state, &env);
+    let (out, _) = d.exec("a1", "cat /etc/resolv.conf").await;
+    assert_eq!(
+        nameservers(&out),
+        ["nameserver 192.0.2.1"],
+        "the adopted sandbox keeps its /etc: {out}"
+    );
+    assert!(first.join("passwd").is_file(), "{first:?} was removed");
+    let (s, v) = d
+        .create(json!({"sandbox_id": "a2", "thread_id": "t2", "uid": "u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (out, _) = d.exec("a2", "cat /etc/resolv.conf").await;
+    assert_eq!(nameservers(&out), ["nameserver 192.0.2.2"], "{out}");
+    let second = etc_mounts(&d, "a2")[0].1.clone();
+    assert_ne!(first, second);
+
+    // No sandbox left: the next start keeps only the current content.
+    for id in ["a1", "a2"] {
+        let (s, v) = d
+            .json("DELETE", &format!("/api/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(s, 200, "{id}: {v}");
+    }
+    d.kill();
+    let state = d.take_state_dir();
+    drop(d);
+    let d = Daemon::start_native_in(&dirs, state, &env);
+    assert!(!first.exists(), "{first:?} outlived its sandbox");
+    assert!(second.join("passwd").is_file());
+    let left = std::fs::read_dir(d.state_dir.path().join("etc"))
+        .unwrap()
+        .count();
+    assert_eq!(left, 2, "one prepared /etc per network mode");
+}
