@@ -117,18 +117,14 @@ impl Bundler {
             HostPaths::Untouched => (EtcSource::InBundle { egress, none }, None),
             HostPaths::Prepare => {
                 let base = cfg.state_dir.join("etc");
-                let etc = EtcSource::Prepared {
-                    egress: super::etc::prepare(&base, &egress)?,
-                    none: super::etc::prepare(&base, &none)?,
-                };
-                if let EtcSource::Prepared { egress, none } = &etc {
-                    if no_sandbox_dirs(&cfg.state_dir) {
-                        super::etc::remove_others(&base, &[egress, none]);
-                    }
+                let egress = super::etc::prepare(&base, &egress)?;
+                let none = super::etc::prepare(&base, &none)?;
+                if no_sandbox_dirs(&cfg.state_dir) {
+                    super::etc::remove_others(&base, &[&egress, &none]);
                 }
                 let bpf = cfg.state_dir.join(SECCOMP_BPF_FILE);
                 write_seccomp_bpf(&bpf, &filters)?;
-                (etc, Some(bpf))
+                (EtcSource::Prepared { egress, none }, Some(bpf))
             }
         };
         Ok(Bundler {
