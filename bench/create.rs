@@ -70,6 +70,23 @@ const NET_ENV_B: [(&str, &str); 3] = [
     ("SANDBOXD_NETWORK_SUBNET", "10.253.0.0/16"),
 ];
 
+/// `NET_ENV`'s value of `key`, or the bench's own environment's (so two
+/// benches can run side by side with their own table, links and subnet).
+fn net_env(key: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| {
+        NET_ENV
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default()
+    })
+}
+
+/// The daemons' cgroup parent (`SANDBOXD_CGROUP_PARENT` overrides it).
+fn cgroup_parent() -> String {
+    std::env::var("SANDBOXD_CGROUP_PARENT").unwrap_or_else(|_| "sandboxd-bench".to_string())
+}
+
 /// A daemon of the default configuration but for its network mode and
 /// no warm pool: the create figures are of cold starts.
 fn start_daemon(root: &Path, network: &str) -> Daemon {
@@ -78,9 +95,14 @@ fn start_daemon(root: &Path, network: &str) -> Daemon {
         network,
         network,
         &[("SANDBOXD_POOL_SIZE", "0")],
-        NET_ENV,
-        "sandboxd-bench",
+        &bench_net(),
+        &cgroup_parent(),
     )
+}
+
+/// The bench's network settings (`NET_ENV`, or the environment's).
+fn bench_net() -> Vec<(&'static str, String)> {
+    NET_ENV.iter().map(|(k, _)| (*k, net_env(k))).collect()
 }
 
 fn start_daemon_with(
@@ -88,7 +110,7 @@ fn start_daemon_with(
     name: &str,
     network: &str,
     extra: &[(&str, &str)],
-    net: [(&str, &str); 3],
+    net: &[(&str, String)],
     cgroup_parent: &str,
 ) -> Daemon {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -112,7 +134,7 @@ fn start_daemon_with(
         .env("SANDBOXD_CGROUP_PARENT", cgroup_parent)
         .env("SANDBOXD_STOP_SANDBOXES_ON_EXIT", "true")
         .env("SANDBOXD_NETWORK", network)
-        .envs(net)
+        .envs(net.iter().map(|(k, v)| (*k, v.as_str())))
         .envs(extra.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -608,16 +630,19 @@ fn run_pool(root: &Path, n: usize) -> Vec<String> {
         "pool",
         "egress",
         &[("SANDBOXD_POOL_SIZE", "2")],
-        NET_ENV,
-        "sandboxd-bench",
+        &bench_net(),
+        &cgroup_parent(),
     );
     let cold = start_daemon_with(
         root,
         "cold",
         "egress",
         &[("SANDBOXD_POOL_SIZE", "0")],
-        NET_ENV_B,
-        "sandboxd-bench-b",
+        &NET_ENV_B
+            .iter()
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect::<Vec<_>>(),
+        &format!("{}-b", cgroup_parent()),
     );
     for d in [&pool, &cold] {
         warm_up(&d.addr);
@@ -805,9 +830,9 @@ Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY
     }
     // The daemon leaves its nft table (a restart rebuilds it): the bench's
     // goes.
-    for table in [NET_ENV[0].1, NET_ENV_B[0].1] {
+    for table in [net_env(NET_ENV[0].0), NET_ENV_B[0].1.to_string()] {
         let _ = Command::new("nft")
-            .args(["delete", "table", "inet", table])
+            .args(["delete", "table", "inet", &table])
             .output();
     }
     // The daemon removed its sandboxes' cgroups; the parent goes too.
@@ -816,8 +841,8 @@ Goal: no errors; concurrent total well under sequential total.\n<!-- CONCURRENCY
         .flatten()
         .flatten()
     {
-        let _ = std::fs::remove_dir(c.path().join("sandboxd-bench"));
-        let _ = std::fs::remove_dir(c.path().join("sandboxd-bench-b"));
+        let _ = std::fs::remove_dir(c.path().join(cgroup_parent()));
+        let _ = std::fs::remove_dir(c.path().join(format!("{}-b", cgroup_parent())));
     }
 }
 

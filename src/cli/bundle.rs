@@ -125,6 +125,7 @@ mod tests {
         let mut cfg = Config {
             user_data_root: root.join("user-data"),
             skills_root: root.join("skills"),
+            state_dir: root.join("state"),
             ..Config::default()
         };
         cfg.native.agent_path = Some(agent);
@@ -142,6 +143,18 @@ mod tests {
         v
     }
 
+    /// Takes the source of the `/etc` mount (the shared `/etc`: the
+    /// daemon's prepared directory, or the bundle's own `etc/`) out of `v`.
+    fn take_etc_source(v: &mut serde_json::Value) -> PathBuf {
+        let m = v["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|m| m["destination"] == "/etc")
+            .expect("an /etc mount");
+        PathBuf::from(m["source"].take().as_str().unwrap())
+    }
+
     #[test]
     fn the_cli_writes_the_bundle_a_create_writes() {
         let tmp = tempfile::tempdir().unwrap();
@@ -151,7 +164,14 @@ mod tests {
         let out = tmp.path().join("out");
         for (workdir, ephemeral) in [(Some("proj"), false), (None, false), (None, true)] {
             let a = args(&out, workdir, ephemeral);
-            let cli = config_json(&write(&a, &cfg).unwrap());
+            let mut cli = config_json(&write(&a, &cfg).unwrap());
+            assert_eq!(take_etc_source(&mut cli), out.join("etc"));
+            let passwd = std::fs::read_to_string(out.join("etc/passwd")).unwrap();
+            assert!(passwd.contains("gem:x:1000:1000"), "{passwd}");
+            assert!(
+                !cfg.state_dir.exists(),
+                "sandboxd bundle wrote into the state directory"
+            );
             std::fs::remove_dir_all(&out).unwrap();
             // A create: the daemon's bundler (as NativeBackend::new makes
             // it), the lifecycle's spec, the function blocking_create calls.
@@ -165,8 +185,20 @@ mod tests {
                 .unwrap()
                 .write_bundle_to(&spec, &new_generation(), &out)
                 .unwrap();
-            let created = config_json(&out.join("config.json"));
+            let mut created = config_json(&out.join("config.json"));
+            let prepared = take_etc_source(&mut created);
+            assert!(
+                prepared.starts_with(cfg.state_dir.join("etc")),
+                "{prepared:?}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(prepared.join("passwd")).unwrap(),
+                passwd,
+                "the same /etc content"
+            );
+            assert!(!out.join("etc").exists(), "a create's bundle has no etc/");
             std::fs::remove_dir_all(&out).unwrap();
+            std::fs::remove_dir_all(&cfg.state_dir).unwrap();
             assert_eq!(cli, created, "workdir {workdir:?}, ephemeral {ephemeral}");
             assert_eq!(
                 created["linux"]["cgroupsPath"],

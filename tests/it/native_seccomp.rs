@@ -308,3 +308,45 @@ async fn cc_hello_world_inside_a_sandbox() {
     .await;
     assert_eq!(out, "hello from cc\nhello from cc\n");
 }
+
+/// The launcher installs the stack the daemon compiled at start
+/// (`<state_dir>/seccomp.bpf`): a damaged file fails the create at the
+/// seccomp step (never a sandbox with less than the profile) and leaves
+/// nothing; the intact file makes creates work again.
+#[tokio::test]
+async fn a_damaged_compiled_stack_fails_the_create_closed() {
+    if !privileged("a_damaged_compiled_stack_fails_the_create_closed") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[]);
+    mkdir_user(&dirs.workspace("u1"));
+    mkdir_user(&dirs.skills().join("u1"));
+    let bpf = d.state_dir.path().join("seccomp.bpf");
+    let good = std::fs::read(&bpf).unwrap();
+    assert!(good.starts_with(b"SBXBPF1\n"), "{:?}", &good[..16]);
+    assert_eq!(
+        std::fs::metadata(&bpf).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    std::fs::write(&bpf, &good[..good.len() - 8]).unwrap();
+    let (s, v) = d
+        .create(json!({"sandbox_id": "sb1", "thread_id": "t1", "uid": "u1"}))
+        .await;
+    assert!(s >= 500, "{s} {v}");
+    let text = v.to_string();
+    assert!(text.contains("seccomp"), "{text}");
+    assert!(
+        !d.state_dir.path().join("sandboxes/sb1").exists(),
+        "a failed create left its directory"
+    );
+    std::fs::write(&bpf, &good).unwrap();
+    let (s, v) = d
+        .create(json!({"sandbox_id": "sb2", "thread_id": "t2", "uid": "u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (out, _) = d
+        .exec("sb2", "grep Seccomp_filters /proc/self/status")
+        .await;
+    assert_eq!(out, "Seccomp_filters:\t4\n");
+}

@@ -22,7 +22,7 @@ pub mod userns;
 
 use sandbox_abi::failpoint::Point;
 use sandbox_abi::handoff::{
-    Report, Reporter, BUNDLE_ARG, READY_FD_ARG, READY_FD_ENV, REPORT_FD_ARG,
+    Report, Reporter, BUNDLE_ARG, READY_FD_ARG, READY_FD_ENV, REPORT_FD_ARG, SECCOMP_BPF_ARG,
 };
 
 /// A failed step; the variant names the step reported to the daemon.
@@ -107,6 +107,10 @@ pub struct Args {
     pub bundle: PathBuf,
     pub report_fd: Option<RawFd>,
     pub ready_fd: Option<RawFd>,
+    /// `--seccomp-bpf PATH`: the compiled filters to install (the
+    /// daemon's, compiled once at its start) instead of compiling the
+    /// bundle's `linux.seccomp`.
+    pub seccomp_bpf: Option<PathBuf>,
     /// `--probe-idmap PATH` (repeatable) with `--probe-base N`: check that
     /// idmapped mounts work for these paths and exit (the daemon's
     /// start-up probe), instead of launching a bundle.
@@ -124,6 +128,7 @@ impl Args {
         let mut bundle = None;
         let mut report_fd = None;
         let mut ready_fd = None;
+        let mut seccomp_bpf = None;
         let mut probe_idmap = Vec::new();
         let mut probe_base = 1u32 << 31;
         while let Some(a) = it.next() {
@@ -136,6 +141,7 @@ impl Args {
                 READY_FD_ARG => {
                     ready_fd = Some(val(READY_FD_ARG)?.parse().map_err(|_| "bad --ready-fd")?)
                 }
+                SECCOMP_BPF_ARG => seccomp_bpf = Some(PathBuf::from(val(SECCOMP_BPF_ARG)?)),
                 PROBE_IDMAP_ARG => probe_idmap.push(PathBuf::from(val(PROBE_IDMAP_ARG)?)),
                 PROBE_BASE_ARG => {
                     probe_base = val(PROBE_BASE_ARG)?
@@ -150,6 +156,7 @@ impl Args {
                 bundle: PathBuf::new(),
                 report_fd,
                 ready_fd,
+                seccomp_bpf,
                 probe_idmap,
                 probe_base,
             });
@@ -158,6 +165,7 @@ impl Args {
             bundle: bundle.ok_or("--bundle DIR is required")?,
             report_fd,
             ready_fd,
+            seccomp_bpf,
             probe_idmap,
             probe_base,
         })
@@ -284,10 +292,15 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     if let Some(fd) = args.ready_fd {
         envp.push(cstring(&format!("{READY_FD_ENV}={fd}"))?);
     }
-    // 3. Compile the seccomp filter now, while allocation is cheap and a
-    //    bad profile can still fail before anything exists; it is
+    // 3. Load the seccomp filters now, while allocation is cheap and a
+    //    bad profile can still fail before anything exists: the stack the
+    //    daemon compiled at start (`--seccomp-bpf`), else the bundle's
+    //    `linux.seccomp` compiled here (a bundle run by hand). They are
     //    installed last, right before exec.
-    let filters = compile_seccomp(&cfg)?;
+    let filters = match &args.seccomp_bpf {
+        Some(path) => Some(load_seccomp_bpf(path)?),
+        None => compile_seccomp(&cfg)?,
+    };
     // Test-only crash injection (a no-op in release builds).
     let mut failpoints = sandbox_abi::failpoint::InitPoints::from_env();
 
@@ -506,7 +519,8 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
 
     // 18. seccomp, the very last step: from here on only exec runs.
     if let Some(f) = &filters {
-        sandbox_seccomp::install(f).map_err(|e| InitError::Seccomp(e.to_string()))?;
+        sandbox_seccomp::wire::install_programs(f)
+            .map_err(|e| InitError::Seccomp(e.to_string()))?;
     }
 
     // 19. exec the payload.
@@ -608,9 +622,17 @@ fn join_cgroup(spec: &Spec) -> Result<(), InitError> {
         .map_err(|x| e(x.to_string()))
 }
 
+/// Reads the filter stack the daemon compiled (see `--seccomp-bpf`).
+fn load_seccomp_bpf(path: &Path) -> Result<Vec<sandbox_seccomp::wire::Program>, InitError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| InitError::Seccomp(format!("cannot read {}: {e}", path.display())))?;
+    sandbox_seccomp::wire::decode(&bytes, &path.display().to_string())
+        .map_err(|e| InitError::Seccomp(e.to_string()))
+}
+
 /// Compiles the `linux.seccomp` section of `config.json` exactly as
 /// written there (the profile in OCI format, with its comments).
-fn compile_seccomp(cfg: &Path) -> Result<Option<sandbox_seccomp::CompiledFilters>, InitError> {
+fn compile_seccomp(cfg: &Path) -> Result<Option<Vec<sandbox_seccomp::wire::Program>>, InitError> {
     let text = std::fs::read_to_string(cfg).map_err(|e| InitError::LoadSpec {
         path: cfg.to_path_buf(),
         message: e.to_string(),
@@ -625,7 +647,16 @@ fn compile_seccomp(cfg: &Path) -> Result<Option<sandbox_seccomp::CompiledFilters
     let origin = format!("{} (linux.seccomp)", cfg.display());
     let profile = sandbox_seccomp::Profile::parse(&section.to_string(), &origin)
         .map_err(|e| InitError::Seccomp(e.to_string()))?;
-    sandbox_seccomp::compile(&profile)
-        .map(Some)
-        .map_err(|e| InitError::Seccomp(e.to_string()))
+    let compiled =
+        sandbox_seccomp::compile(&profile).map_err(|e| InitError::Seccomp(e.to_string()))?;
+    Ok(Some(
+        compiled
+            .filters
+            .into_iter()
+            .map(|f| sandbox_seccomp::wire::Program {
+                name: f.name,
+                program: f.program,
+            })
+            .collect(),
+    ))
 }

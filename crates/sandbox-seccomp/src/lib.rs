@@ -6,7 +6,9 @@
 //! - the bundle builder writes it into `config.json` (`linux.seccomp`) with
 //!   [`Profile::to_oci`] (or [`Profile::to_oci_value`] to keep comments);
 //! - the native launcher runs it as stacked BPF filters built by [`compile`]
-//!   and installed by [`install`] as the very last step before exec;
+//!   and installed by [`install`] as the very last step before exec (the
+//!   daemon's launches read the stack it compiled at start, in the
+//!   [`wire`] format, instead of compiling it again);
 //! - the daemon calls [`load_and_compile`] at start-up and refuses to start on
 //!   any error (there is no "no filter" fallback).
 //!
@@ -25,6 +27,7 @@ pub mod compile;
 pub mod diff;
 pub mod profile;
 pub mod syscalls;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 

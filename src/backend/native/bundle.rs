@@ -60,6 +60,9 @@ pub fn load_base(path: Option<&Path>) -> Result<Spec, BundleError> {
     }
 }
 
+/// (source, destination) pairs of paths.
+pub type PathPairs = Vec<(PathBuf, PathBuf)>;
+
 /// Host paths and settings the builder needs (resolved once at start-up).
 #[derive(Debug, Clone)]
 pub struct HostLayout {
@@ -70,7 +73,16 @@ pub struct HostLayout {
     /// The `sandbox-agent` binary on the host.
     pub agent_path: PathBuf,
     /// Host paths bound read-only into the rootfs: (source, destination).
+    /// The host's `/etc/...` entries are not among them: they are copied
+    /// into the prepared `/etc` ([`super::etc`]).
     pub rootfs_binds: Vec<(PathBuf, PathBuf)>,
+    /// The `/etc/...` entries of `[native] rootfs_binds` found on this
+    /// host: (source, path below `/etc`), copied into the prepared `/etc`.
+    pub etc_entries: Vec<(PathBuf, PathBuf)>,
+    /// The userland brings its own `/etc` (an image): the shared generated
+    /// files are bound over its files one by one instead of binding the
+    /// prepared `/etc` directory.
+    pub own_etc: bool,
     /// Cover the host's `/usr/local` (under a bound `/usr`) with an empty
     /// read-only tmpfs (`[native] expose_usr_local = false`, the default).
     pub hide_usr_local: bool,
@@ -93,15 +105,22 @@ impl HostLayout {
     /// Resolves the configured read-only rootfs binds: paths missing on
     /// this host are skipped; trusted symlinks (e.g. `/etc/localtime`) are
     /// resolved here so the launcher can refuse every symlink it meets.
-    pub fn resolve_binds(native: &NativeConfig) -> Vec<(PathBuf, PathBuf)> {
-        native
-            .rootfs_binds
-            .iter()
-            .filter_map(|p| {
-                let dest = PathBuf::from(p);
-                std::fs::canonicalize(&dest).ok().map(|src| (src, dest))
-            })
-            .collect()
+    /// Returns the binds and, apart, the entries below `/etc` (source, path
+    /// below `/etc`), which go into the prepared `/etc` instead.
+    pub fn resolve_binds(native: &NativeConfig) -> (PathPairs, PathPairs) {
+        let mut binds = Vec::new();
+        let mut etc = Vec::new();
+        for p in &native.rootfs_binds {
+            let dest = PathBuf::from(p);
+            let Ok(src) = std::fs::canonicalize(&dest) else {
+                continue;
+            };
+            match dest.strip_prefix("/etc") {
+                Ok(rel) if !rel.as_os_str().is_empty() => etc.push((src, rel.to_path_buf())),
+                _ => binds.push((src, dest)),
+            }
+        }
+        (binds, etc)
     }
 
     /// Merged-/usr hosts: the top-level program directories that are
@@ -161,13 +180,17 @@ fn set_size(options: &mut Vec<String>, mb: u64) {
     options.push(format!("size={mb}m"));
 }
 
-/// Builds the spec of one sandbox.
+/// Builds the spec of one sandbox. `files_dir` holds its own files
+/// (`hosts`, `hostname`, the command environment), `etc_dir` the prepared
+/// `/etc` of its network mode ([`super::etc`]).
+#[allow(clippy::too_many_arguments)]
 pub fn build_spec(
     base: &Spec,
     spec: &SandboxSpec,
     generation: &str,
     host: &HostLayout,
     files_dir: &Path,
+    etc_dir: &Path,
     cgroups_path: Option<&Path>,
     seccomp: Option<&LinuxSeccomp>,
 ) -> Result<Spec, BundleError> {
@@ -218,14 +241,7 @@ pub fn build_spec(
             &["ro", "nosuid", "nodev", "noexec", "size=4k", "mode=755"],
         )?);
     }
-    for name in ["passwd", "group", "hosts", "resolv.conf", "hostname"] {
-        mounts.push(mount(
-            &format!("/etc/{name}"),
-            "bind",
-            &files_dir.join(name),
-            &["bind", "ro", "nosuid", "nodev", "noexec"],
-        )?);
-    }
+    mounts.extend(etc_mounts(host.own_etc, files_dir, etc_dir)?);
     match identity.storage {
         StorageMode::Persistent => {
             mounts.push(mount(
@@ -329,12 +345,41 @@ pub fn build_spec(
     Ok(out)
 }
 
+/// The `/etc` mounts: the prepared directory bound read-only at `/etc`
+/// (the host's userland) or its shared files bound over an image's own,
+/// then the sandbox's `hosts` and `hostname` over either.
+fn etc_mounts(own_etc: bool, files_dir: &Path, etc_dir: &Path) -> Result<Vec<Mount>, BundleError> {
+    let ro = ["bind", "ro", "nosuid", "nodev", "noexec"];
+    let mut out = Vec::new();
+    if own_etc {
+        for name in super::etc::SHARED_FILES {
+            out.push(mount(
+                &format!("/etc/{name}"),
+                "bind",
+                &etc_dir.join(name),
+                &ro,
+            )?);
+        }
+    } else {
+        out.push(mount("/etc", "bind", etc_dir, &ro)?);
+    }
+    for name in super::etc::PER_SANDBOX_FILES {
+        out.push(mount(
+            &format!("/etc/{name}"),
+            "bind",
+            &files_dir.join(name),
+            &ro,
+        )?);
+    }
+    Ok(out)
+}
+
 /// `/etc/resolv.conf` of a sandbox with loopback only.
 pub const RESOLV_NO_NETWORK: &str = "# sandboxd: no network\n";
 
-/// The generated files bound over `/etc/...` (user `gem` 1000);
-/// `resolv_conf` depends on the sandbox's network.
-pub fn generated_files(hostname: &str, resolv_conf: &str) -> Vec<(&'static str, String)> {
+/// The generated `/etc` files that are the same for every sandbox (user
+/// `gem` 1000) of a network mode (`resolv_conf`): in the prepared `/etc`.
+pub fn shared_files(resolv_conf: &str) -> Vec<(&'static str, String)> {
     vec![
         (
             "passwd",
@@ -347,11 +392,18 @@ pub fn generated_files(hostname: &str, resolv_conf: &str) -> Vec<(&'static str, 
             "group",
             "root:x:0:\ngem:x:1000:\nnogroup:x:65534:\n".to_string(),
         ),
+        ("resolv.conf", resolv_conf.to_string()),
+    ]
+}
+
+/// The generated `/etc` files that name the sandbox: in its bundle's
+/// `files/`, bound over the prepared `/etc`'s mount points.
+pub fn sandbox_files(hostname: &str) -> Vec<(&'static str, String)> {
+    vec![
         (
             "hosts",
             format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
         ),
-        ("resolv.conf", resolv_conf.to_string()),
         ("hostname", format!("{hostname}\n")),
     ]
 }
@@ -393,7 +445,9 @@ const SKELETON_DIRS: [&str; 12] = [
     ".sandboxd",
 ];
 
-/// Writes the bundle: `config.json`, `rootfs/` skeleton, `files/`. When
+/// Writes the bundle: `config.json`, `rootfs/` skeleton, `files/` and,
+/// when `etc_in_bundle` is given (`sandboxd bundle`, no daemon's prepared
+/// `/etc`), that content as `etc/`. When
 /// `seccomp_verbatim` is given it replaces `linux.seccomp`, so the profile
 /// lands in `config.json` exactly as written (with its rationale comments,
 /// which OCI consumers ignore).
@@ -409,10 +463,14 @@ pub fn write_bundle(
     spec: &Spec,
     command_env: &[String],
     seccomp_verbatim: Option<&serde_json::Value>,
-    resolv_conf: &str,
+    etc_in_bundle: Option<&[super::etc::Entry]>,
     root_links: &[(String, PathBuf)],
 ) -> Result<(), BundleError> {
     let root = create_exclusive_dir(dir)?;
+    if let Some(entries) = etc_in_bundle {
+        let etc = make_dir(&root, dir, "etc")?;
+        super::etc::write_entries(&etc, &dir.join("etc"), entries)?;
+    }
     let rootfs = make_dir(&root, dir, "rootfs")?;
     let rootfs_path = dir.join("rootfs");
     for d in SKELETON_DIRS {
@@ -432,7 +490,7 @@ pub fn write_bundle(
     let files = make_dir(&root, dir, "files")?;
     let files_path = dir.join("files");
     let hostname = spec.hostname().clone().unwrap_or_else(|| "sandbox".into());
-    for (name, content) in generated_files(&hostname, resolv_conf) {
+    for (name, content) in sandbox_files(&hostname) {
         // Bound over /etc inside, read by the sandbox user.
         write_new_file(&files, &files_path, name, content.as_bytes(), 0o644)?;
     }
@@ -462,7 +520,7 @@ fn write_err(path: &Path, e: rustix::io::Errno) -> BundleError {
 
 /// Creates `dir` (which must not exist; a symlink there counts as existing)
 /// with mode 0700 and opens it without following a symlink.
-fn create_exclusive_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, BundleError> {
+pub(super) fn create_exclusive_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, BundleError> {
     use rustix::fs::{Mode, OFlags};
     let name = dir.file_name().ok_or_else(|| BundleError::Exists {
         path: dir.to_path_buf(),
@@ -512,8 +570,30 @@ fn make_dir(
     open_dir(parent, shown, name)
 }
 
+/// `mkdirat` of `name` below `parent` with exactly `mode` (not through
+/// the umask), refusing an existing entry.
+pub(super) fn make_dir_mode(
+    parent: &std::os::fd::OwnedFd,
+    shown: &Path,
+    name: &str,
+    mode: u32,
+) -> Result<(), BundleError> {
+    use rustix::fs::{Mode, OFlags};
+    let path = shown.join(name);
+    rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
+        .map_err(|e| write_err(&path, e))?;
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| write_err(&path, e))?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| write_err(&path, e))
+}
+
 /// Opens the existing directory `rel` below `parent`, no symlink followed.
-fn open_dir(
+pub(super) fn open_dir(
     parent: &std::os::fd::OwnedFd,
     shown: &Path,
     rel: &str,
@@ -531,7 +611,7 @@ fn open_dir(
 
 /// Writes a new file `name` below `parent` (`O_CREAT | O_EXCL | O_NOFOLLOW`)
 /// with exactly `mode`.
-fn write_new_file(
+pub(super) fn write_new_file(
     parent: &std::os::fd::OwnedFd,
     shown: &Path,
     name: &str,
@@ -566,6 +646,8 @@ mod tests {
             skills_root: "/data/sk".into(),
             agent_path: "/opt/sandbox-agent".into(),
             rootfs_binds: vec![("/usr".into(), "/usr".into())],
+            etc_entries: vec![],
+            own_etc: false,
             hide_usr_local: true,
             root_links: HostLayout::host_root_links(),
             device_rules_enforced: true,
@@ -615,6 +697,7 @@ mod tests {
             "g1",
             host,
             Path::new("/b/files"),
+            Path::new("/state/etc/x"),
             None,
             None,
         )
@@ -630,6 +713,7 @@ mod tests {
             "g1",
             &host(),
             Path::new("/b/files"),
+            Path::new("/state/etc/x"),
             Some(Path::new("/sandboxd/Ab_1")),
             None,
         )
@@ -730,6 +814,70 @@ mod tests {
         expected["cpu"] = serde_json::json!({"quota": 50000, "period": 100000});
         assert_eq!(r, expected);
         assert!(!r["devices"].as_array().unwrap().is_empty());
+    }
+
+    /// `/etc` mounts with their sources.
+    fn etc_mounts_of(s: &Spec) -> Vec<(String, String)> {
+        s.mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m.destination().to_string_lossy().to_string(),
+                    m.source().as_ref().unwrap().to_string_lossy().to_string(),
+                )
+            })
+            .filter(|(d, _)| d.starts_with("/etc"))
+            .collect()
+    }
+
+    /// The host's userland: one read-only bind of the prepared `/etc`, then
+    /// the sandbox's own `hosts` and `hostname`; an image keeps its `/etc`
+    /// and gets the shared files over its own, at the mount points every
+    /// image is unpacked with.
+    #[test]
+    fn etc_is_one_prepared_bind_plus_the_sandbox_names() {
+        let base = load_base(None).unwrap();
+        let pair = |d: &str, s: &str| (d.to_string(), s.to_string());
+        let s = ephemeral_spec(&base, &host());
+        assert_eq!(
+            etc_mounts_of(&s),
+            [
+                pair("/etc", "/state/etc/x"),
+                pair("/etc/hosts", "/b/files/hosts"),
+                pair("/etc/hostname", "/b/files/hostname"),
+            ]
+        );
+        let etc = s
+            .mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.destination() == Path::new("/etc"))
+            .unwrap();
+        assert!(etc.options().as_ref().unwrap().contains(&"ro".to_string()));
+        let mut image = host();
+        image.own_etc = true;
+        let s = ephemeral_spec(&base, &image);
+        let got = etc_mounts_of(&s);
+        assert_eq!(
+            got,
+            [
+                pair("/etc/passwd", "/state/etc/x/passwd"),
+                pair("/etc/group", "/state/etc/x/group"),
+                pair("/etc/resolv.conf", "/state/etc/x/resolv.conf"),
+                pair("/etc/hosts", "/b/files/hosts"),
+                pair("/etc/hostname", "/b/files/hostname"),
+            ]
+        );
+        let points = crate::images::mount_points(&base);
+        for (dest, _) in &got {
+            assert!(
+                points.iter().any(|p| &p.path == dest && p.file),
+                "{dest} is not an image mount point"
+            );
+        }
     }
 
     #[test]

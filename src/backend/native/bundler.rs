@@ -29,16 +29,26 @@ impl Seccomp {
     /// Loads and compiles the configured (or embedded) profile; any error
     /// stops the daemon's start-up (never a sandbox without its filter).
     pub fn load(path: Option<&Path>) -> Result<Seccomp, NativeError> {
+        Ok(Self::load_compiled(path)?.0)
+    }
+
+    /// [`load`](Self::load), also returning the compiled filters.
+    fn load_compiled(
+        path: Option<&Path>,
+    ) -> Result<(Seccomp, sandbox_seccomp::CompiledFilters), NativeError> {
         let (profile, _raw, filters) = crate::seccomp::load_and_compile(path)?;
         info!(
             profile = %profile.source,
             instructions = ?filters.instruction_counts(),
             "seccomp profile compiled"
         );
-        Ok(Seccomp {
-            oci: profile.to_oci()?,
-            verbatim: profile.to_oci_value(),
-        })
+        Ok((
+            Seccomp {
+                oci: profile.to_oci()?,
+                verbatim: profile.to_oci_value(),
+            },
+            filters,
+        ))
     }
 }
 
@@ -62,30 +72,85 @@ pub struct Bundler {
     cgroup_parent: CgroupParent,
     /// The daemon's network mode (the default of a sandbox).
     network: crate::config::NetworkMode,
-    /// `/etc/resolv.conf` of a sandbox with egress.
-    resolv_egress: String,
+    /// Where each network mode's shared `/etc` comes from.
+    etc: EtcSource,
+    /// The compiled seccomp filters the launcher installs, written once at
+    /// start (the daemon), else compiled by the launcher from `config.json`.
+    seccomp_bpf: Option<PathBuf>,
 }
+
+/// The shared `/etc` content of the bundles ([`super::etc`]).
+enum EtcSource {
+    /// The daemon's prepared directories (egress, none).
+    Prepared { egress: PathBuf, none: PathBuf },
+    /// `sandboxd bundle`: the content, written into each bundle's `etc/`.
+    InBundle {
+        egress: Vec<super::etc::Entry>,
+        none: Vec<super::etc::Entry>,
+    },
+}
+
+/// The file (in the state directory) the compiled seccomp filters are
+/// written to at start, for every launch of this daemon.
+pub const SECCOMP_BPF_FILE: &str = "seccomp.bpf";
 
 impl Bundler {
     /// Loads the seccomp profile (first: nothing else matters without it),
     /// resolves the host layout, loads the base spec and checks the cgroup
     /// parent.
+    ///
+    /// The daemon ([`HostPaths::Prepare`]) also writes, under the state
+    /// directory, the compiled seccomp filters ([`SECCOMP_BPF_FILE`]) and
+    /// the prepared `/etc` of each network mode ([`super::etc`]).
     pub fn new(cfg: &Config, paths: HostPaths) -> Result<Bundler, NativeError> {
-        let seccomp = Seccomp::load(cfg.native.seccomp_profile.as_deref())?;
+        let (seccomp, filters) = Seccomp::load_compiled(cfg.native.seccomp_profile.as_deref())?;
         let host = host_layout(cfg, paths)?;
         let base = bundle::load_base(cfg.native.base_spec.as_deref())?;
         let cgroup_parent = CgroupParent::new(&cfg.native.cgroup_parent)?;
+        let resolv_egress = {
+            let (ns, search) = super::net::dns::host_resolvers(&cfg.network.resolv_conf);
+            super::net::dns::render(&ns, &search)
+        };
+        let egress = super::etc::content(&host.etc_entries, &resolv_egress);
+        let none = super::etc::content(&host.etc_entries, bundle::RESOLV_NO_NETWORK);
+        let (etc, seccomp_bpf) = match paths {
+            HostPaths::Untouched => (EtcSource::InBundle { egress, none }, None),
+            HostPaths::Prepare => {
+                let base = cfg.state_dir.join("etc");
+                let egress = super::etc::prepare(&base, &egress)?;
+                let none = super::etc::prepare(&base, &none)?;
+                if no_sandbox_dirs(&cfg.state_dir) {
+                    super::etc::remove_others(&base, &[&egress, &none]);
+                }
+                let bpf = cfg.state_dir.join(SECCOMP_BPF_FILE);
+                write_seccomp_bpf(&bpf, &filters)?;
+                (EtcSource::Prepared { egress, none }, Some(bpf))
+            }
+        };
         Ok(Bundler {
             host,
             base,
             seccomp,
             cgroup_parent,
             network: cfg.network.mode,
-            resolv_egress: {
-                let (ns, search) = super::net::dns::host_resolvers(&cfg.network.resolv_conf);
-                super::net::dns::render(&ns, &search)
-            },
+            etc,
+            seccomp_bpf,
         })
+    }
+
+    /// The compiled seccomp filters the launcher is to install (see
+    /// `sandbox-init --seccomp-bpf`), when the daemon wrote them.
+    pub fn seccomp_bpf(&self) -> Option<&Path> {
+        self.seccomp_bpf.as_deref()
+    }
+
+    /// The prepared `/etc` directories (bound into sandboxes: the daemon
+    /// checks that they can be idmapped).
+    pub fn prepared_etc(&self) -> Vec<PathBuf> {
+        match &self.etc {
+            EtcSource::Prepared { egress, none } => vec![egress.clone(), none.clone()],
+            EtcSource::InBundle { .. } => Vec::new(),
+        }
     }
 
     /// The base spec every bundle starts from.
@@ -130,12 +195,22 @@ impl Bundler {
         let (base, host) = super::rootfs::select(&self.base, &self.host, image)
             .map_err(NativeError::ImageUnavailable)?;
         let cgroup_path = self.cgroup_parent.relative_path(&spec.sandbox_id);
+        let egress = spec.network.unwrap_or(self.network) == crate::config::NetworkMode::Egress;
+        let (etc_dir, etc_in_bundle) = match &self.etc {
+            EtcSource::Prepared { egress: e, none: n } => {
+                (if egress { e } else { n }.clone(), None)
+            }
+            EtcSource::InBundle { egress: e, none: n } => {
+                (dir.join("etc"), Some(if egress { e } else { n }.as_slice()))
+            }
+        };
         let mut oci = bundle::build_spec(
             &base,
             spec,
             generation,
             &host,
             &dir.join("files"),
+            &etc_dir,
             Some(&cgroup_path),
             Some(&self.seccomp.oci),
         )?;
@@ -151,16 +226,12 @@ impl Bundler {
                 .map_err(|e| NativeError::Bundle(bundle::BundleError::Build(e)))?;
         }
         let env = bundle::command_env(&base, spec);
-        let resolv = match spec.network.unwrap_or(self.network) {
-            crate::config::NetworkMode::Egress => self.resolv_egress.as_str(),
-            crate::config::NetworkMode::None => bundle::RESOLV_NO_NETWORK,
-        };
         bundle::write_bundle(
             dir,
             &oci,
             &env,
             Some(&self.seccomp.verbatim),
-            resolv,
+            etc_in_bundle,
             &host.root_links,
         )?;
         Ok(oci)
@@ -185,11 +256,14 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
             resolve_or_keep(&agent),
         ),
     };
+    let (rootfs_binds, etc_entries) = HostLayout::resolve_binds(&cfg.native);
     Ok(HostLayout {
         user_data_root,
         skills_root,
         agent_path,
-        rootfs_binds: HostLayout::resolve_binds(&cfg.native),
+        rootfs_binds,
+        etc_entries,
+        own_etc: false,
         hide_usr_local: !cfg.native.expose_usr_local,
         root_links: HostLayout::host_root_links(),
         // Corrected by the daemon once it knows the cgroup layout
@@ -245,4 +319,44 @@ fn prepare_root(path: &Path, sub: Option<&str>) -> Result<PathBuf, NativeError> 
     std::fs::create_dir_all(&full)
         .map_err(|source| NativeError::CreateRoot { path: full, source })?;
     resolve(path)
+}
+
+/// Whether the state directory holds no sandbox directory (then no
+/// sandbox, adopted or not, can use an earlier prepared `/etc`).
+fn no_sandbox_dirs(state_dir: &Path) -> bool {
+    match std::fs::read_dir(state_dir.join("sandboxes")) {
+        Ok(mut rd) => rd.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Writes the compiled filters for the launcher (temporary file, rename:
+/// a launch never reads a partial file). Root's only (0600).
+fn write_seccomp_bpf(
+    path: &Path,
+    filters: &sandbox_seccomp::CompiledFilters,
+) -> Result<(), NativeError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| {
+        NativeError::Bundle(bundle::BundleError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(err)?;
+    f.write_all(&filters.to_bytes()).map_err(err)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(err)
 }

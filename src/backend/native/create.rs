@@ -218,6 +218,7 @@ impl NativeBackend {
         let launched = launch::launch(
             &self.init_path,
             &bundle_dir,
+            self.bundler.seccomp_bpf(),
             out_w,
             timeout,
             &mut |pid| {

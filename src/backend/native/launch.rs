@@ -15,6 +15,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use sandbox_abi::handoff::{
     self as report, Report, BUNDLE_ARG, READY_FD, READY_FD_ARG, REPORT_FD, REPORT_FD_ARG,
+    SECCOMP_BPF_ARG,
 };
 
 /// fd numbers `sandbox-init` receives the channels on.
@@ -119,9 +120,12 @@ fn read_reports(
 ///
 /// `output` becomes the launcher's (and so the agent's) stdout and stderr;
 /// `tail` renders what was written to it so far, for error messages.
+/// `seccomp_bpf` is the filter stack the daemon compiled at start (else
+/// the launcher compiles the bundle's `linux.seccomp`).
 pub fn launch(
     init: &Path,
     bundle: &Path,
+    seccomp_bpf: Option<&Path>,
     output: OwnedFd,
     timeout: Duration,
     on_pid: &mut dyn FnMut(i32),
@@ -138,8 +142,11 @@ pub fn launch(
         .arg(REPORT_FD_ARG)
         .arg(REPORT_FD.to_string())
         .arg(READY_FD_ARG)
-        .arg(READY_FD.to_string())
-        .env_clear()
+        .arg(READY_FD.to_string());
+    if let Some(bpf) = seccomp_bpf {
+        cmd.arg(SECCOMP_BPF_ARG).arg(bpf);
+    }
+    cmd.env_clear()
         .envs(sandbox_abi::failpoint::launcher_env())
         .stdin(Stdio::null())
         .stdout(logf.try_clone().map_err(LaunchError::Io)?)

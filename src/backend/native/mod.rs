@@ -28,6 +28,7 @@ pub mod bundle;
 mod bundler;
 mod create;
 mod error;
+pub mod etc;
 pub mod host;
 pub mod launch;
 mod listing;
@@ -167,6 +168,7 @@ impl NativeBackend {
                 .iter()
                 .map(|(src, _)| src.clone()),
         );
+        probe_paths.extend(bundler.prepared_etc());
         let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?.map(Arc::new);
         host::tune(Path::new(host::INOTIFY_INSTANCES));
         host::raise_nofile();

@@ -12,9 +12,13 @@
 //! image bind is a locked read-only (idmapped) mount like the host's
 //! `/usr`.
 //!
-//! Everything else is the same in both modes: the generated `/etc` files
-//! bound over the image's, the agent bound in read-only, tmpfs `/tmp` and
-//! `/home/gem`, user data and skills. The image's `Env` becomes the base of
+//! `/etc`: the host's userland gets the prepared `/etc` directory
+//! ([`super::etc`]); an image keeps its own, with the shared generated
+//! files (`passwd`, `group`, `resolv.conf`) bound over its files one by
+//! one. Both get the sandbox's `hosts` and `hostname` bound over those.
+//!
+//! Everything else is the same in both modes: the agent bound in
+//! read-only, tmpfs `/tmp` and `/home/gem`, user data and skills. The image's `Env` becomes the base of
 //! the environment (the request's env and the fixed variables over it);
 //! its `User`, `Entrypoint`, `Cmd` and `WorkingDir` are ignored.
 
@@ -70,6 +74,9 @@ pub fn select<'a>(
     host.rootfs_binds = binds;
     host.root_links = links;
     host.hide_usr_local = false;
+    // Its own /etc, with the shared generated files bound over its files.
+    host.etc_entries = Vec::new();
+    host.own_etc = true;
     Ok((Cow::Owned(base), Cow::Owned(host)))
 }
 
