@@ -624,6 +624,23 @@ pub struct PoolConfig {
     pub size: usize,
     /// How many pool members are started at once while refilling.
     pub refill_concurrency: usize,
+    /// More pools, each for one network mode and image (`[[pool.extra]]`).
+    pub extra: Vec<PoolVariant>,
+}
+
+/// A pool for creates that ask for another network mode or image than the
+/// node's defaults (`[[pool.extra]]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolVariant {
+    /// The network mode of its members (default: the daemon's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
+    /// The image of its members, one of `[images] allowed` (default: the
+    /// node's default image, or the host's userland).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    pub size: usize,
 }
 
 /// The largest pool accepted.
@@ -634,17 +651,32 @@ impl Default for PoolConfig {
         PoolConfig {
             size: 2,
             refill_concurrency: 1,
+            extra: Vec::new(),
         }
     }
 }
 
 impl PoolConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.size > MAX_POOL_SIZE {
+    /// Checks the sizes, and that every extra pool's image is one a create
+    /// may name (`allowed`: the normalized `[images] allowed` list).
+    pub fn validate(&self, allowed: &[String]) -> Result<(), ConfigError> {
+        let total: usize = self.size + self.extra.iter().map(|v| v.size).sum::<usize>();
+        if total > MAX_POOL_SIZE {
             return Err(ConfigError::Invalid(format!(
-                "pool.size {} is above the maximum {MAX_POOL_SIZE}",
-                self.size
+                "pool: {total} members in all is above the maximum {MAX_POOL_SIZE}"
             )));
+        }
+        for v in &self.extra {
+            if let Some(image) = &v.image {
+                let norm = sandbox_image::reference::normalize(image).map_err(|e| {
+                    ConfigError::Invalid(format!("pool.extra: image {image:?}: {e}"))
+                })?;
+                if !allowed.contains(&norm) {
+                    return Err(ConfigError::Invalid(format!(
+                        "pool.extra: image {image:?} is not in [images] allowed"
+                    )));
+                }
+            }
         }
         if self.refill_concurrency == 0 || self.refill_concurrency > 16 {
             return Err(ConfigError::Invalid(
@@ -1119,7 +1151,13 @@ impl Config {
             ));
         }
         self.userns.validate()?;
-        self.pool.validate()?;
+        let allowed: Vec<String> = self
+            .images
+            .allowed
+            .iter()
+            .filter_map(|i| sandbox_image::reference::normalize(i).ok())
+            .collect();
+        self.pool.validate(&allowed)?;
         let l = &self.limits;
         if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
             return Err(ConfigError::Invalid(
@@ -1183,6 +1221,45 @@ mod tests {
         assert_eq!(c.backend, BackendKind::Native);
         assert_eq!(c.listen_addr().unwrap().to_string(), "127.0.0.1:8002");
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn pool_section_env_and_extra_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[images]\nallowed = [\"registry.example.com/tools:1\"]\n\
+             [pool]\nsize = 3\n\
+             [[pool.extra]]\nnetwork = \"none\"\nsize = 1\n\
+             [[pool.extra]]\nimage = \"registry.example.com/tools:1\"\nsize = 2\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert_eq!((c.pool.size, c.pool.extra.len()), (3, 2));
+        assert_eq!(c.pool.extra[0].network, Some(NetworkMode::None));
+        c.validate().unwrap();
+        let c = Config::load(Some(&p), &env(&[("SANDBOXD_POOL_SIZE", "0")])).unwrap();
+        assert_eq!(c.pool.size, 0);
+        assert_eq!(Config::default().pool.size, 2);
+        // An extra pool's image must be one a create may name.
+        std::fs::write(
+            &p,
+            "[[pool.extra]]\nimage = \"registry.example.com/other:2\"\nsize = 1\n",
+        )
+        .unwrap();
+        let e = Config::load(Some(&p), &env(&[]))
+            .and_then(|c| c.validate().map(|_| c))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not in [images] allowed"), "{e}");
+        // Too many members in all, and no refill.
+        std::fs::write(&p, "[pool]\nsize = 200\n[[pool.extra]]\nsize = 100\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("maximum"));
+        std::fs::write(&p, "[pool]\nrefill_concurrency = 0\n").unwrap();
+        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -350,3 +350,34 @@ fn the_pooled_agent_answers_only_one_claim() {
     );
     assert_eq!(lines[1], "hello", "{text}");
 }
+
+#[tokio::test]
+async fn an_extra_pool_serves_its_network_mode() {
+    if !privileged("an_extra_pool_serves_its_network_mode") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let cfg = dirs.root.path().join("pool.toml");
+    std::fs::write(&cfg, "[[pool.extra]]\nnetwork = \"none\"\nsize = 1\n").unwrap();
+    // SANDBOXD_POOL_SIZE=0 (the harness's): only the extra pool.
+    let d = Daemon::start_native(&dirs, &[("SANDBOXD_CONFIG", cfg.to_str().unwrap())]);
+    mkdir_user(&dirs.workspace("u1"));
+    wait_ready(&d, 1).await;
+    let key = members(&d).pop().unwrap();
+    let (s, v) = d
+        .create(json!({"sandbox_id": "xn", "thread_id": "t1", "uid": "u1", "network": "none"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(claims(&d, "claimed").await, 1);
+    assert!(state(&d, "xn")["cgroup"].as_str().unwrap().ends_with(&key));
+    // Loopback only, as a cold `none` sandbox.
+    let (out, code) = d.exec("xn", "ls /sys/class/net").await;
+    assert_eq!((out.as_str(), code), ("lo\n", 0), "{out}");
+    // The default network mode has no pool here: started cold.
+    let (s, v) = d
+        .create(json!({"sandbox_id": "xe", "thread_id": "t1", "uid": "u1"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(claims(&d, "empty").await, 1);
+    wait_ready(&d, 1).await;
+}

@@ -72,17 +72,27 @@ pub(super) struct Member {
     /// The manifest digest of its image (none: the host's userland).
     image: Option<String>,
     mode: NetworkMode,
+    /// Which of the pool's variants it belongs to.
+    variant: usize,
+}
+
+/// One kind of member: `[pool] size` (the node's default network mode and
+/// image), or a `[[pool.extra]]`.
+struct Variant {
+    network: Option<NetworkMode>,
+    image: Option<String>,
+    size: usize,
+    /// Members of it being started.
+    starting: AtomicUsize,
 }
 
 /// The pool: its members and its attach points.
 pub struct Pool {
-    size: usize,
+    variants: Vec<Variant>,
     concurrency: usize,
     /// `<state_dir>/pool-mounts`.
     mounts_root: PathBuf,
     members: Mutex<VecDeque<Member>>,
-    /// Members being started.
-    starting: AtomicUsize,
     /// Consecutive failed starts (backs the refill off).
     failures: AtomicU32,
     claimed: AtomicU64,
@@ -93,12 +103,25 @@ pub struct Pool {
 impl Pool {
     /// The pool of `cfg` (see [`start`](Self::start)).
     pub fn new(cfg: &PoolConfig, state_dir: &Path) -> Pool {
+        let variant = |network, image, size| Variant {
+            network,
+            image,
+            size,
+            starting: AtomicUsize::new(0),
+        };
+        let mut variants = vec![variant(None, None, cfg.size)];
+        for v in &cfg.extra {
+            let image = v
+                .image
+                .as_deref()
+                .map(|i| sandbox_image::reference::normalize(i).unwrap_or_else(|_| i.to_string()));
+            variants.push(variant(v.network, image, v.size));
+        }
         Pool {
-            size: cfg.size,
+            variants,
             concurrency: cfg.refill_concurrency.max(1),
             mounts_root: state_dir.join("pool-mounts"),
             members: Mutex::default(),
-            starting: AtomicUsize::new(0),
             failures: AtomicU32::new(0),
             claimed: AtomicU64::new(0),
             empty: AtomicU64::new(0),
@@ -124,7 +147,7 @@ impl Pool {
                 }
             }
         }
-        if self.size > 0 {
+        if self.size() > 0 {
             self.prepare_root()
                 .map_err(|source| NativeError::PoolMounts {
                     path: self.mounts_root.clone(),
@@ -145,7 +168,15 @@ impl Pool {
 
     /// Members being started.
     pub fn starting(&self) -> usize {
-        self.starting.load(Ordering::SeqCst)
+        self.variants
+            .iter()
+            .map(|v| v.starting.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Members kept in all.
+    pub fn size(&self) -> usize {
+        self.variants.iter().map(|v| v.size).sum()
     }
 
     /// The counters for `/metrics`.
@@ -237,13 +268,19 @@ impl Pool {
         members.remove(i)
     }
 
-    /// How many more members to start now.
-    fn wanted(&self) -> usize {
-        let have = self.ready() + self.starting.load(Ordering::SeqCst);
-        let starting = self.starting.load(Ordering::SeqCst);
-        self.size
-            .saturating_sub(have)
-            .min(self.concurrency.saturating_sub(starting))
+    /// The variants to start a member of now (one entry per member).
+    fn wanted(&self) -> Vec<usize> {
+        let mut slots = self.concurrency.saturating_sub(self.starting());
+        let members = self.members();
+        let mut out = Vec::new();
+        for (i, v) in self.variants.iter().enumerate() {
+            let have = members.iter().filter(|m| m.variant == i).count()
+                + v.starting.load(Ordering::SeqCst);
+            let n = v.size.saturating_sub(have).min(slots);
+            slots -= n;
+            out.extend(std::iter::repeat(i).take(n));
+        }
+        out
     }
 }
 
@@ -352,19 +389,22 @@ impl NativeBackend {
     /// failed start).
     pub fn refill_pool(&self) {
         let pool = &self.pool;
-        if pool.size == 0 || self.quiescing() {
+        if pool.size() == 0 || self.quiescing() {
             return;
         }
-        for _ in 0..pool.wanted() {
-            pool.starting.fetch_add(1, Ordering::SeqCst);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for variant in pool.wanted() {
+            pool.variants[variant]
+                .starting
+                .fetch_add(1, Ordering::SeqCst);
             let b = self.clone();
-            let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                pool.starting.fetch_sub(1, Ordering::SeqCst);
-                return;
-            };
             rt.spawn(async move {
-                let ok = b.start_member().await;
-                b.pool.starting.fetch_sub(1, Ordering::SeqCst);
+                let ok = b.start_member(variant).await;
+                b.pool.variants[variant]
+                    .starting
+                    .fetch_sub(1, Ordering::SeqCst);
                 if !ok {
                     // Backed off: 1 s doubling to a minute.
                     let n = b.pool.failures.fetch_add(1, Ordering::SeqCst).min(6);
@@ -377,10 +417,14 @@ impl NativeBackend {
         }
     }
 
-    /// Starts one member; false when that failed (logged).
-    async fn start_member(&self) -> bool {
+    /// Starts one member of `variant`; false when that failed (logged).
+    async fn start_member(&self, variant: usize) -> bool {
         let timeout = self.health_timeout;
-        let image = match self.images.resolve(None, timeout).await {
+        let (network, requested) = {
+            let v = &self.pool.variants[variant];
+            (v.network, v.image.clone())
+        };
+        let image = match self.images.resolve(requested.as_deref(), timeout).await {
             Ok(i) => i,
             Err(e) => {
                 warn!(error = %e, "pool: the default image is not available; retrying");
@@ -390,7 +434,9 @@ impl NativeBackend {
         let b = self.clone();
         let started = tokio::task::spawn_blocking(move || {
             let key = format!("{POOL_KEY_PREFIX}{:016x}", rand::random::<u64>());
-            let spec = member_sandbox_spec(&key, b.default_resources);
+            let mut spec = member_sandbox_spec(&key, b.default_resources);
+            spec.network = network;
+            spec.identity.image = requested;
             let slot = b
                 .pool
                 .make_slot(&key)
@@ -405,7 +451,7 @@ impl NativeBackend {
                     return Err(e);
                 }
             };
-            let mode = b.net.effective(None)?;
+            let mode = b.net.effective(network)?;
             let r = b.start(&spec, timeout, image.as_ref(), Some(&slot));
             if r.is_err() {
                 b.pool.remove_slot(&key);
@@ -414,6 +460,7 @@ impl NativeBackend {
                 started,
                 image: image.map(|i| i.digest.to_string()),
                 mode,
+                variant,
             })
         })
         .await;
@@ -463,7 +510,7 @@ impl NativeBackend {
         spec: &SandboxSpec,
         image: Option<&ResolvedImage>,
     ) -> Result<Option<SandboxRecord>, NativeError> {
-        if self.pool.size == 0 {
+        if self.pool.size() == 0 {
             return Ok(None);
         }
         let mode = self.net.effective(spec.network)?;
@@ -645,11 +692,7 @@ impl NativeBackend {
             .state
             .bundle_dir(&m.started.st.sandbox_id)
             .join("files");
-        let resolv = std::fs::read_to_string(files.join("resolv.conf")).unwrap_or_default();
-        for (name, content) in super::bundle::generated_files(hostname, &resolv) {
-            if name != "hostname" && name != "hosts" {
-                continue;
-            }
+        for (name, content) in super::bundle::sandbox_files(hostname) {
             let path = files.join(name);
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
