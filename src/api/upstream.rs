@@ -394,3 +394,88 @@ impl<F: Future> Future for Driven<F> {
         Poll::Pending
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts the wake-ups of the task (the outer waker).
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A server side that wakes itself while polled `inside` times, then
+    /// keeps its waker for a wake-up from outside, then finishes.
+    struct Side {
+        inside: usize,
+        polls: usize,
+        kept: Arc<Mutex<Option<Waker>>>,
+    }
+
+    impl Future for Side {
+        type Output = usize;
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<usize> {
+            self.polls += 1;
+            if self.inside > 0 {
+                self.inside -= 1;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let mut kept = self.kept.lock().unwrap();
+            if kept.is_none() && self.polls < 100 {
+                *kept = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            Poll::Ready(self.polls)
+        }
+    }
+
+    #[test]
+    fn wake_ups_inside_a_poll_go_round_and_those_from_outside_wake_the_task() {
+        let kept = Arc::new(Mutex::new(None));
+        let side = Side {
+            inside: 3,
+            polls: 0,
+            kept: kept.clone(),
+        };
+        let ups = Arc::new(ConnUpstreams::new(Arc::new(UpstreamPool::default())));
+        let mut driven = Box::pin(Driven::new(side, ups));
+        let count = Arc::new(Count::default());
+        let outer = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&outer);
+        // Three self wake-ups are served within one poll, without
+        // scheduling the task again.
+        assert!(driven.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert!(kept.lock().unwrap().is_some());
+        // A wake-up from outside wakes the task once.
+        let w = kept.lock().unwrap().clone().unwrap();
+        w.wake_by_ref();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(driven.as_mut().poll(&mut cx), Poll::Ready(5));
+    }
+
+    #[test]
+    fn a_side_that_never_settles_yields_after_the_rounds() {
+        let side = Side {
+            inside: usize::MAX,
+            polls: 0,
+            kept: Arc::new(Mutex::new(None)),
+        };
+        let ups = Arc::new(ConnUpstreams::new(Arc::new(UpstreamPool::default())));
+        let mut driven = Box::pin(Driven::new(side, ups));
+        let count = Arc::new(Count::default());
+        let outer = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&outer);
+        assert!(driven.as_mut().poll(&mut cx).is_pending());
+        // Out of rounds: the task is scheduled again rather than spinning.
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(driven.server.polls, ROUNDS);
+    }
+}
