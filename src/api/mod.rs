@@ -3,6 +3,7 @@
 //! the sandboxes.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ mod fuzz_tests;
 pub mod openapi;
 pub mod proxy;
 pub mod routes;
+pub mod upstream;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type of every response (JSON or a streamed upstream body).
@@ -37,7 +39,8 @@ pub struct AppState {
     pub token: auth::Token,
     /// `PROVISIONER_PUBLIC_URL` without trailing slash.
     pub public_url: String,
-    pub client: proxy::ProxyClient,
+    /// Idle upstream connections of closed client connections.
+    pub upstream_pool: Arc<upstream::UpstreamPool>,
     /// Connections that have not authenticated yet (capped, see [`conns`]).
     pub unauth: conns::UnauthConns,
     pub proxy: proxy::ProxySettings,
@@ -50,12 +53,11 @@ impl AppState {
         public_url: String,
         proxy: proxy::ProxySettings,
     ) -> Self {
-        let client = proxy::client(lifecycle.clone());
         AppState {
             lifecycle,
             token,
             public_url,
-            client,
+            upstream_pool: Arc::new(upstream::UpstreamPool::default()),
             unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
             proxy,
         }
@@ -157,6 +159,12 @@ where
         );
     }
     let svc_state = state.clone();
+    // This connection's upstream connections, driven by its own task.
+    let upstreams = Arc::new(upstream::ConnUpstreams::new(state.upstream_pool.clone()));
+    let svc_upstreams = upstreams.clone();
+    // Set once the connection made an authenticated request: it left the
+    // unauthenticated set, and later requests need not look again.
+    let authenticated = AtomicBool::new(false);
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
@@ -164,18 +172,20 @@ where
         .serve_connection(
             TokioIo::new(stream),
             service_fn(move |req| {
-                let authed = svc_state.token.check(
-                    req.headers()
-                        .get(http::header::AUTHORIZATION)
-                        .map(|v| v.as_bytes()),
-                );
-                if authed {
+                if !authenticated.load(Ordering::Relaxed)
+                    && svc_state.token.check(
+                        req.headers()
+                            .get(http::header::AUTHORIZATION)
+                            .map(|v| v.as_bytes()),
+                    )
+                {
+                    authenticated.store(true, Ordering::Relaxed);
                     svc_state.unauth.forget(conn_id);
                 }
-                routes::handle(svc_state.clone(), req)
+                routes::handle(svc_state.clone(), svc_upstreams.clone(), req)
             }),
         );
-    let conn = graceful.watch(conn);
+    let conn = upstream::Driven::new(graceful.watch(conn), upstreams);
     let state = state.clone();
     tokio::spawn(async move {
         tokio::select! {

@@ -2,9 +2,10 @@
 //!
 //! Request and response bodies are streamed both ways (hyper frames pass
 //! through, nothing is buffered whole). Upstream connections come from the
-//! backend through [`SandboxConnector`] and are kept alive in a pool keyed by
-//! sandbox *incarnation*, so a new generation never reuses a connection to
-//! an old one. The proxy pin travels with the response body: a delete of the
+//! backend ([`Lifecycle::connect`]) and are kept alive per client connection
+//! and sandbox *incarnation*, driven by the client connection's own task
+//! (see [`super::upstream`]), so a new generation never reuses a connection
+//! to an old one. The proxy pin travels with the response body: a delete of the
 //! sandbox waits until the body has been sent, or until its grace runs out
 //! and it cancels the request (the response then ends with an error).
 //!
@@ -27,43 +28,40 @@ use http::{Request, Response, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpStream;
 
 use super::error::ApiError;
+use super::upstream::{ConnUpstreams, UpstreamError};
 use super::RespBody;
-use crate::backend::BackendError;
 use crate::lifecycle::{Lifecycle, ProxyPin};
 
 /// Request headers never forwarded (hop-by-hop, the caller's credentials,
 /// the agent credential (set by the proxy alone), and those hyper
 /// recomputes).
-const DROP_REQUEST: [&str; 11] = [
-    sandbox_abi::credential::HEADER,
-    "authorization",
-    "connection",
-    "keep-alive",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
+static DROP_REQUEST: [HeaderName; 11] = [
+    HeaderName::from_static(sandbox_abi::credential::HEADER),
+    header::AUTHORIZATION,
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::HOST,
 ];
 
 /// Response headers never copied back (hop-by-hop), whatever the
 /// allow-list says.
-const DROP_RESPONSE: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+static DROP_RESPONSE: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// How the proxy treats responses (from `[proxy]` in the configuration).
@@ -96,86 +94,14 @@ impl Default for ProxySettings {
 
 /// Keeps only the allowed response headers (and `content-length`): a
 /// sandbox must not set `Set-Cookie`, `Location` or anything else on a
-/// response the platform receives.
+/// response the platform receives. Works in place (no new map per
+/// response).
 fn allowed_response_headers(headers: &mut HeaderMap, allowed: &[HeaderName]) {
     filter_headers(headers, &DROP_RESPONSE);
-    let mut kept = HeaderMap::with_capacity(allowed.len() + 1);
-    for name in allowed
-        .iter()
-        .chain(std::iter::once(&header::CONTENT_LENGTH))
-    {
-        for v in headers.get_all(name) {
-            kept.append(name.clone(), v.clone());
-        }
+    let keep = |name: &HeaderName| name == header::CONTENT_LENGTH || allowed.contains(name);
+    while let Some(name) = headers.keys().find(|n| !keep(n)).cloned() {
+        headers.remove(name);
     }
-    *headers = kept;
-}
-
-/// Opens upstream connections for the pool. The URI authority names the
-/// incarnation: `<hex(sandbox_id)>.<generation>.sandbox` (hex because pool
-/// keys compare hosts case-insensitively while ids are case-sensitive).
-#[derive(Clone)]
-pub struct SandboxConnector {
-    lifecycle: Arc<Lifecycle>,
-}
-
-fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<String> {
-    if s.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> = (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect();
-    String::from_utf8(bytes?).ok()
-}
-
-/// The pool authority of one incarnation.
-fn authority(id: &str, generation: &str) -> String {
-    format!("{}.{}.sandbox", hex(id), generation)
-}
-
-fn parse_authority(host: &str) -> Option<(String, String)> {
-    let mut parts = host.split('.');
-    let id = unhex(parts.next()?)?;
-    let generation = parts.next()?.to_string();
-    (parts.next()? == "sandbox").then_some((id, generation))
-}
-
-impl tower_service::Service<Uri> for SandboxConnector {
-    type Response = TokioIo<TcpStream>;
-    type Error = BackendError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let lc = self.lifecycle.clone();
-        Box::pin(async move {
-            let (id, generation) = uri
-                .host()
-                .and_then(parse_authority)
-                .ok_or_else(|| BackendError::Internal(format!("bad upstream key {uri}")))?;
-            let up = lc.connect(&id, &generation).await?;
-            Ok(TokioIo::new(up.stream))
-        })
-    }
-}
-
-pub type ProxyClient = Client<SandboxConnector, UpstreamBody>;
-
-pub fn client(lifecycle: Arc<Lifecycle>) -> ProxyClient {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(32)
-        .set_host(false)
-        .build(SandboxConnector { lifecycle })
 }
 
 /// The request body sent to a sandbox: the client's, plus a signal when
@@ -233,7 +159,11 @@ struct PinnedBody {
     lifecycle: Arc<Lifecycle>,
     cancelled: Pin<Box<dyn Future<Output = ()> + Send>>,
     idle: Duration,
-    idle_timer: Pin<Box<tokio::time::Sleep>>,
+    /// When the body is cut unless a frame comes; made the first time the
+    /// body has to wait (a small response is there at once and needs no
+    /// timer).
+    idle_deadline: tokio::time::Instant,
+    idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl PinnedBody {
@@ -244,7 +174,8 @@ impl PinnedBody {
             pin: Some(pin),
             lifecycle,
             idle,
-            idle_timer: Box::pin(tokio::time::sleep(idle)),
+            idle_deadline: tokio::time::Instant::now() + idle,
+            idle_timer: None,
         }
     }
 
@@ -287,8 +218,10 @@ impl HttpBody for PinnedBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let next = tokio::time::Instant::now() + this.idle;
-                this.idle_timer.as_mut().reset(next);
+                this.idle_deadline = tokio::time::Instant::now() + this.idle;
+                if let Some(t) = this.idle_timer.as_mut() {
+                    t.as_mut().reset(this.idle_deadline);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -300,7 +233,11 @@ impl HttpBody for PinnedBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.idle_timer.as_mut().poll(cx).is_ready() {
+                let deadline = this.idle_deadline;
+                let timer = this
+                    .idle_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.as_mut().poll(cx).is_ready() {
                     let id = this.id();
                     this.finish();
                     return Poll::Ready(Some(Err(StreamError::Idle {
@@ -328,30 +265,32 @@ impl Drop for PinnedBody {
     }
 }
 
-/// Names listed in a `Connection` header are hop-by-hop too.
-fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect()
-}
-
-fn filter_headers(headers: &mut HeaderMap, drop: &[&str]) {
-    for name in connection_listed(headers) {
+/// Drops the headers named in `Connection` (hop-by-hop too), then those
+/// in `drop` (looked for among the few headers present, rather than
+/// hashing every name of `drop`).
+fn filter_headers(headers: &mut HeaderMap, drop: &[HeaderName]) {
+    if headers.contains_key(header::CONNECTION) {
+        let listed: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        for name in listed {
+            headers.remove(name);
+        }
+    }
+    while let Some(name) = headers.keys().find(|n| drop.contains(n)).cloned() {
         headers.remove(name);
     }
-    for name in drop {
-        headers.remove(*name);
-    }
 }
 
-/// Proxies `req` to sandbox `id` at `/{rest}?{query}`.
+/// Proxies `req` to sandbox `id` at `/{rest}?{query}`, on an upstream
+/// connection of the client connection's `upstreams`.
 pub async fn forward(
     lifecycle: &Arc<Lifecycle>,
-    client: &ProxyClient,
+    upstreams: &ConnUpstreams,
     settings: &ProxySettings,
     id: &str,
     rest: &str,
@@ -361,18 +300,19 @@ pub async fn forward(
     let record = &pin.record;
     tracing::Span::current().record("generation", record.generation.as_str());
     let prefix = lifecycle.backend().path_prefix(record);
-    let mut path_and_query = format!("{prefix}/{rest}");
-    if let Some(q) = req.uri().query() {
+    let query = req.uri().query();
+    let mut path_and_query =
+        String::with_capacity(prefix.len() + 1 + rest.len() + query.map_or(0, |q| q.len() + 1));
+    path_and_query.push_str(&prefix);
+    path_and_query.push('/');
+    path_and_query.push_str(rest);
+    if let Some(q) = query {
         path_and_query.push('?');
         path_and_query.push_str(q);
     }
-    let uri: Uri = format!(
-        "http://{}{}",
-        authority(&record.sandbox_id, &record.generation),
-        path_and_query
-    )
-    .parse()
-    .map_err(|e| ApiError::BadRequest(format!("cannot proxy to this path: {e}")))?;
+    // Origin-form: the connection already is the sandbox's.
+    let uri = Uri::try_from(path_and_query)
+        .map_err(|e| ApiError::BadRequest(format!("cannot proxy to this path: {e}")))?;
 
     let (mut parts, body) = req.into_parts();
     filter_headers(&mut parts.headers, &DROP_REQUEST);
@@ -414,14 +354,18 @@ pub async fn forward(
         let _ = sent_rx.await;
         tokio::time::sleep(head_timeout).await;
     };
+    let send = upstreams.send(
+        lifecycle,
+        &record.sandbox_id,
+        &record.generation,
+        upstream_req,
+    );
     let resp = tokio::select! {
-        r = client.request(upstream_req) => r.map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg = format!("{msg}: {s}");
-                src = s.source();
-            }
+        r = send => r.map_err(|e| {
+            let msg = match e {
+                UpstreamError::Connect(e) => e.to_string(),
+                UpstreamError::Http(m) => m,
+            };
             ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
         })?,
         _ = head_deadline => {
@@ -452,18 +396,6 @@ pub async fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn authority_round_trip() {
-        let a = authority("AbC_-9", "00ff");
-        assert_eq!(a, "4162435f2d39.00ff.sandbox");
-        assert_eq!(
-            parse_authority(&a),
-            Some(("AbC_-9".to_string(), "00ff".to_string()))
-        );
-        assert_eq!(parse_authority("zz.x.sandbox"), None);
-        assert_eq!(parse_authority("41.x.other"), None);
-    }
 
     #[test]
     fn hop_by_hop_dropped() {

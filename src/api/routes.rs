@@ -17,6 +17,7 @@ use super::openapi::{
     DeleteResponse, ErrorDetail, HealthResponse, QuiesceResponse, SandboxList, SandboxResponse,
     TouchResponse,
 };
+use super::upstream::ConnUpstreams;
 use super::{proxy, AppState, RespBody};
 use crate::lifecycle::LifecycleError;
 use crate::model::{validate_sandbox_id, CreateRequest, SandboxRecord};
@@ -217,12 +218,13 @@ fn valid_id(id: &str) -> Result<(), ApiError> {
 /// The hyper service function.
 pub async fn handle(
     state: Arc<AppState>,
+    upstreams: Arc<ConnUpstreams>,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, Infallible> {
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let resp = match route(&state, req).await {
+    let resp = match route(&state, &upstreams, req).await {
         Ok(r) => r,
         Err(e) => {
             state.lifecycle.metrics().error(e.kind());
@@ -241,6 +243,7 @@ pub async fn handle(
 
 async fn route(
     state: &Arc<AppState>,
+    upstreams: &ConnUpstreams,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, ApiError> {
     let path = req.uri().path().to_string();
@@ -391,7 +394,7 @@ async fn route(
                 sandbox_id = %id,
                 generation = tracing::field::Empty
             );
-            proxy::forward(lc, &state.client, &state.proxy, &id, &rest, req)
+            proxy::forward(lc, upstreams, &state.proxy, &id, &rest, req)
                 .instrument(span)
                 .await
         }

@@ -167,6 +167,9 @@ pub struct Exclusive {
 impl IdLocks {
     fn acquire(&self, id: &str) -> Arc<Slot> {
         let mut map = lock(&self.slots);
+        if let Some(slot) = map.get(id) {
+            return slot.clone();
+        }
         map.entry(id.to_string()).or_default().clone()
     }
 

@@ -596,7 +596,7 @@ impl Lifecycle {
     /// A sandbox that is not running is absent (404), like on discover.
     pub async fn pin(&self, id: &str) -> Result<ProxyPin, LifecycleError> {
         validate_sandbox_id(id)?;
-        if self.get(id).is_none() {
+        if !self.table().contains_key(id) {
             return Err(LifecycleError::NotFound);
         }
         let guard = self.locks.pin(id).await;

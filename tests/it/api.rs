@@ -663,6 +663,55 @@ async fn upstream_connections_are_kept_alive() {
     assert!(!peers.contains(v["peer"].as_str().unwrap()));
 }
 
+/// One request per client connection (`Connection: close`): the upstream
+/// connection is still kept (parked when its client connection closes and
+/// taken by the next), and never given to a new incarnation.
+#[tokio::test]
+async fn upstream_connections_outlive_client_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (d, _) = daemon_with_upstream(&[]).await;
+    let once = |addr: std::net::SocketAddr| async move {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "GET /api/sandboxes/kc/proxy/echo HTTP/1.1\r\nhost: x\r\n\
+             authorization: Bearer {TOKEN}\r\nconnection: close\r\n\r\n"
+        );
+        c.write_all(req.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out))
+            .await
+            .expect("no answer within 10 s")
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let body = &text[text.find("\r\n\r\n").expect("a head") + 4..];
+        let v: serde_json::Value = serde_json::from_str(body).expect("the echo's JSON");
+        v["peer"].as_str().unwrap().to_string()
+    };
+    d.json("POST", "/api/sandboxes", Some(create_body("kc", "t", "u")))
+        .await;
+    let mut peers = std::collections::HashSet::new();
+    for _ in 0..4 {
+        peers.insert(once(d.addr).await);
+        // The closed connection's task parks its upstream connection as it
+        // ends, just after the client saw the end of the response.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        peers.len(),
+        1,
+        "each client connection made a new upstream connection: {peers:?}"
+    );
+    d.json("DELETE", "/api/sandboxes/kc", None).await;
+    d.json("POST", "/api/sandboxes", Some(create_body("kc", "t", "u")))
+        .await;
+    let p = once(d.addr).await;
+    assert!(
+        !peers.contains(&p),
+        "a new incarnation got an old connection"
+    );
+}
+
 /// Hardening: connections that never authenticate are capped (the oldest is
 /// closed to make room, so the platform's own new connection always gets
 /// in), and a `401` closes its connection.

@@ -609,6 +609,8 @@ impl Backend for NativeBackend {
             source,
         };
         let stream = self.dialer.connect(netns, addr).await.map_err(dial)?;
+        // Small requests and responses go out at once (no Nagle delay).
+        let _ = stream.set_nodelay(true);
         Ok(Upstream { stream })
     }
 }
