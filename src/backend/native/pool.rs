@@ -527,9 +527,12 @@ impl NativeBackend {
             self.refill_pool();
             return Ok(None);
         };
-        self.refill_pool();
         let key = m.started.st.sandbox_id.clone();
-        match self.claim_member(m, spec).await {
+        // The refill starts once the claim is over: a member starting
+        // meanwhile would compete with it for the CPU.
+        let claimed = self.claim_member(m, spec).await;
+        self.refill_pool();
+        match claimed {
             Ok(r) => {
                 self.pool.claimed.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(r))
@@ -758,7 +761,7 @@ impl NativeBackend {
     }
 
     /// Makes the claimed member sandbox `spec.sandbox_id`: its directory
-    /// renamed, one durable `state.json`, then tracked.
+    /// renamed, its `state.json` rewritten, then tracked.
     fn commit_claim(&self, m: Member, spec: &SandboxSpec) -> Result<SandboxRecord, Failed> {
         let key = m.started.st.sandbox_id.clone();
         let id = spec.sandbox_id.as_str();
@@ -795,7 +798,10 @@ impl NativeBackend {
             u.rename(&key, id);
         }
         self.net.rename(&key, id);
-        if let Err(e) = self.state.save(&st) {
+        // Not fsync'd: the member's first record was (see create.rs); after
+        // a daemon crash the page cache has this one, after a host crash
+        // nothing of the sandbox runs and either record gets it cleaned up.
+        if let Err(e) = self.state.update(&st) {
             // Destroyed under its new id (the directory moved).
             self.destroy(id, Some(&handle));
             return Err(Box::new((e.into(), None)));

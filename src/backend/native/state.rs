@@ -186,6 +186,12 @@ impl StateDir {
 
 /// Removes `dir` and everything below it, unless a mount is below it.
 fn remove_tree(dir: PathBuf) -> Result<(), StateError> {
+    // Nothing there (a create's usual case): no mount table to read.
+    if let Err(e) = std::fs::symlink_metadata(&dir) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Ok(());
+        }
+    }
     let prefix = format!("{}/", dir.display());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     if let Some(line) = mounts.lines().find(|l| {
