@@ -1124,3 +1124,43 @@ async fn the_sandbox_root_cannot_write_the_shared_image() {
     let (s, v) = d.json("DELETE", "/api/sandboxes/img-root", None).await;
     assert_eq!(s, 200, "{v}");
 }
+
+#[tokio::test]
+async fn a_pool_member_runs_the_default_image() {
+    if !privileged("a_pool_member_runs_the_default_image") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let state = tempfile::tempdir().unwrap();
+    let layout = tempfile::tempdir().unwrap();
+    busybox_image().write_oci_layout(layout.path(), "1");
+    let (ok, _, err) = image_cli(
+        state.path(),
+        &["import", layout.path().to_str().unwrap(), "--tag", TAG],
+        &[],
+    );
+    assert!(ok, "import failed: {err}");
+    let d = Daemon::start_native_in(
+        &dirs,
+        state,
+        &[
+            ("SANDBOX_IMAGE", TAG),
+            ("SANDBOXD_NETWORK", "none"),
+            ("SANDBOXD_POOL_SIZE", "1"),
+        ],
+    );
+    assert!(
+        d.wait_log("pool member ready", std::time::Duration::from_secs(30)),
+        "no pool member started"
+    );
+    let (s, v) = d.create(create_body("img-p", "t", "u1")).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        d.log_contains("claimed a pool member sandbox_id=img-p"),
+        "the create did not claim the member"
+    );
+    assert_runs_the_image(&d, "img-p").await;
+    // The members of the pool hold the default image too: `image rm` says so.
+    let (ok, _, err) = image_cli(d.state_dir.path(), &["rm", TAG], &[]);
+    assert!(!ok && err.contains("img-p"), "{err}");
+}

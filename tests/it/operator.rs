@@ -332,7 +332,10 @@ fn bundle_out_is_created_exclusively_and_never_followed() {
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&fresh), 0o700);
     assert_eq!(mode(&fresh.join("config.json")), 0o600);
-    assert_eq!(mode(&fresh.join("files/passwd")), 0o644);
+    // The shared /etc (passwd among it) in etc/, the sandbox's own files
+    // (hosts, hostname) in files/.
+    assert_eq!(mode(&fresh.join("etc/passwd")), 0o644);
+    assert_eq!(mode(&fresh.join("files/hosts")), 0o644);
     assert!(fresh.join("rootfs/var/tmp").is_dir());
 }
 

@@ -179,6 +179,19 @@ impl Bundler {
         self.write_bundle_with(spec, generation, dir, None, None, None)
     }
 
+    /// The environment of every command of `spec`'s sandbox running
+    /// `image` (its config's env under the request's), as a bundle of it
+    /// writes it (a warm-pool claim hands it to the agent).
+    pub fn command_env(
+        &self,
+        spec: &SandboxSpec,
+        image: Option<&crate::images::ResolvedImage>,
+    ) -> Result<Vec<String>, NativeError> {
+        let (base, _) = super::rootfs::select(&self.base, &self.host, image)
+            .map_err(NativeError::ImageUnavailable)?;
+        Ok(bundle::command_env(&base, spec))
+    }
+
     /// [`write_bundle_to`](Self::write_bundle_to) with the sandbox's
     /// userland: the host's (`None`) or an image's (see [`super::rootfs`]),
     /// and a user namespace of the host ids `userns` when given (a create,

@@ -530,7 +530,7 @@ impl NativeBackend {
         let key = m.started.st.sandbox_id.clone();
         // The refill starts once the claim is over: a member starting
         // meanwhile would compete with it for the CPU.
-        let claimed = self.claim_member(m, spec).await;
+        let claimed = self.claim_member(m, spec, image).await;
         self.refill_pool();
         match claimed {
             Ok(r) => {
@@ -554,7 +554,12 @@ impl NativeBackend {
         }
     }
 
-    async fn claim_member(&self, m: Member, spec: &SandboxSpec) -> Result<SandboxRecord, Failed> {
+    async fn claim_member(
+        &self,
+        m: Member,
+        spec: &SandboxSpec,
+        image: Option<&ResolvedImage>,
+    ) -> Result<SandboxRecord, Failed> {
         let (b, s) = (self.clone(), spec.clone());
         let (m, attached) = blocking(move || {
             let r = b.attach_user(&m, &s);
@@ -566,8 +571,12 @@ impl NativeBackend {
             Ok(a) => a,
             Err(e) => return Err(Box::new((e, Some(m)))),
         };
+        let env = match self.bundler.command_env(spec, image) {
+            Ok(env) => env,
+            Err(e) => return Err(Box::new((e, Some(m)))),
+        };
         let req = ClaimRequest {
-            env: super::bundle::command_env(self.bundler.base(), spec),
+            env,
             cwd: match &spec.identity.workdir_path {
                 Some(w) => format!("{}/{w}", GUEST.user_data),
                 None => GUEST.home.to_string(),
