@@ -233,3 +233,56 @@ proptest! {
         }
     }
 }
+
+/// The list body built from cached items is byte for byte what serde
+/// renders for the same `SandboxList`, also after a record changed, a
+/// sandbox went and another came.
+#[test]
+fn the_cached_list_body_is_the_rendered_list() {
+    use crate::model::{Identity, SandboxRecord, SandboxStatus, StorageMode};
+    let st = state();
+    let rec = |id: &str, status: SandboxStatus| SandboxRecord {
+        sandbox_id: id.to_string(),
+        generation: format!("g-{id}"),
+        identity: Identity {
+            thread_id: "t".into(),
+            uid: "u".into(),
+            workdir_path: Some("w/x".into()),
+            storage: StorageMode::Persistent,
+            image: None,
+        },
+        status,
+        created_at: 1,
+        oom_killed: None,
+    };
+    let rendered = |records: &[SandboxRecord]| {
+        let sandboxes: Vec<_> = records
+            .iter()
+            .map(|r| super::routes::record_json(&st, r))
+            .collect();
+        serde_json::to_vec(&super::openapi::SandboxList {
+            count: sandboxes.len(),
+            sandboxes,
+        })
+        .unwrap()
+    };
+    let mut records = vec![
+        rec("a", SandboxStatus::Running),
+        rec("b", SandboxStatus::Running),
+    ];
+    for _ in 0..2 {
+        assert_eq!(super::routes::list_body(&st, &records), rendered(&records));
+    }
+    records[1].status = SandboxStatus::Exited;
+    records[1].oom_killed = Some(true);
+    assert_eq!(super::routes::list_body(&st, &records), rendered(&records));
+    records.remove(0);
+    records.push(rec("c", SandboxStatus::Creating));
+    assert_eq!(super::routes::list_body(&st, &records), rendered(&records));
+    assert_eq!(
+        st.list_cache.lock().unwrap().len(),
+        2,
+        "the gone sandbox is forgotten"
+    );
+    assert_eq!(super::routes::list_body(&st, &[]), rendered(&[]));
+}

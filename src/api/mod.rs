@@ -44,6 +44,9 @@ pub struct AppState {
     /// Connections that have not authenticated yet (capped, see [`conns`]).
     pub unauth: conns::UnauthConns,
     pub proxy: proxy::ProxySettings,
+    /// Each listed sandbox's JSON, kept while its record is unchanged
+    /// ([`routes::list_body`]).
+    pub list_cache: std::sync::Mutex<std::collections::HashMap<String, routes::CachedItem>>,
 }
 
 impl AppState {
@@ -60,6 +63,7 @@ impl AppState {
             upstream_pool: Arc::new(upstream::UpstreamPool::default()),
             unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
             proxy,
+            list_cache: Default::default(),
         }
     }
 }

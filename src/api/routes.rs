@@ -14,8 +14,7 @@ use tracing::{debug, warn, Instrument};
 
 use super::error::ApiError;
 use super::openapi::{
-    DeleteResponse, ErrorDetail, HealthResponse, QuiesceResponse, SandboxList, SandboxResponse,
-    TouchResponse,
+    DeleteResponse, ErrorDetail, HealthResponse, QuiesceResponse, SandboxResponse, TouchResponse,
 };
 use super::upstream::ConnUpstreams;
 use super::{proxy, AppState, RespBody};
@@ -153,6 +152,43 @@ pub fn record_json(state: &AppState, r: &SandboxRecord) -> SandboxResponse {
         oom_killed: r.oom_killed,
         network: state.lifecycle.backend().network(&r.sandbox_id),
     }
+}
+
+/// A listed sandbox's record and the JSON it was rendered to.
+pub type CachedItem = (SandboxRecord, Bytes);
+
+/// The body of `GET /api/sandboxes` (a [`SandboxList`]) for `records`
+/// (sorted): each item's JSON is rendered once per change of its record
+/// and kept in [`AppState::list_cache`], so a list of many unchanged
+/// sandboxes costs a comparison and a copy per sandbox.
+pub fn list_body(state: &AppState, records: &[SandboxRecord]) -> Vec<u8> {
+    let mut cache = state.list_cache.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = Vec::with_capacity(32 + records.len() * 256);
+    out.extend_from_slice(format!("{{\"count\":{},\"sandboxes\":[", records.len()).as_bytes());
+    for (i, r) in records.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        match cache.get(&r.sandbox_id) {
+            Some((cached, json)) if cached == r => out.extend_from_slice(json),
+            _ => {
+                let json =
+                    Bytes::from(serde_json::to_vec(&record_json(state, r)).unwrap_or_default());
+                out.extend_from_slice(&json);
+                cache.insert(r.sandbox_id.clone(), (r.clone(), json));
+            }
+        }
+    }
+    out.extend_from_slice(b"]}");
+    // Forget the sandboxes that are gone (records are sorted by id).
+    if cache.len() > records.len() {
+        cache.retain(|id, _| {
+            records
+                .binary_search_by(|r| r.sandbox_id.as_str().cmp(id))
+                .is_ok()
+        });
+    }
+    out
 }
 
 fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
@@ -298,19 +334,12 @@ async fn route(
                 .expect("valid response"))
         }
         (Route::Sandboxes, &Method::GET) => {
-            let sandboxes: Vec<SandboxResponse> = lc
-                .list()
-                .await
-                .iter()
-                .map(|r| record_json(state, r))
-                .collect();
-            Ok(json_response(
-                StatusCode::OK,
-                &SandboxList {
-                    count: sandboxes.len(),
-                    sandboxes,
-                },
-            ))
+            let body = list_body(state, &lc.list().await);
+            Ok(Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(full(body))
+                .expect("static response parts are valid"))
         }
         (Route::Sandboxes, &Method::POST) => {
             let body: CreateRequest = read_json(req).await?;
