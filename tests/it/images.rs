@@ -14,6 +14,20 @@ use crate::common::{create_body, privileged, require_failpoints, Daemon, NativeD
 
 const TAG: &str = "localhost/test/busybox:1";
 
+/// Writes the busybox test image as an OCI layout and imports it into the
+/// store at `state` as [`TAG`]; returns its digest and the import's output.
+fn import_busybox(state: &Path) -> (String, String) {
+    let layout = tempfile::tempdir().unwrap();
+    let digest = busybox_image().write_oci_layout(layout.path(), "1");
+    let (ok, out, err) = image_cli(
+        state,
+        &["import", layout.path().to_str().unwrap(), "--tag", TAG],
+        &[],
+    );
+    assert!(ok, "import failed: {err}");
+    (digest, out)
+}
+
 /// What a sandbox of the busybox image must see (and not see).
 async fn assert_runs_the_image(d: &Daemon, id: &str) {
     let (out, code) = d
@@ -76,13 +90,7 @@ async fn imported_oci_layout_runs_as_the_sandbox_root() {
     let dirs = NativeDirs::new();
     let state = tempfile::tempdir().unwrap();
     let layout = tempfile::tempdir().unwrap();
-    let digest = busybox_image().write_oci_layout(layout.path(), "1");
-    let (ok, out, err) = image_cli(
-        state.path(),
-        &["import", layout.path().to_str().unwrap(), "--tag", TAG],
-        &[],
-    );
-    assert!(ok, "import failed: {err}");
+    let (digest, out) = import_busybox(state.path());
     assert!(out.contains(&digest), "{out}");
     let (ok, out, _) = image_cli(state.path(), &["ls"], &[]);
     assert!(
@@ -1062,14 +1070,7 @@ async fn the_sandbox_root_cannot_write_the_shared_image() {
     }
     let dirs = NativeDirs::new();
     let state = tempfile::tempdir().unwrap();
-    let layout = tempfile::tempdir().unwrap();
-    let digest = busybox_image().write_oci_layout(layout.path(), "1");
-    let (ok, _, err) = image_cli(
-        state.path(),
-        &["import", layout.path().to_str().unwrap(), "--tag", TAG],
-        &[],
-    );
-    assert!(ok, "import failed: {err}");
+    let (digest, _) = import_busybox(state.path());
     let image_root = state.path().join("images/rootfs").join(&digest[7..]);
     assert!(image_root.join("image-marker").is_file());
 
@@ -1132,14 +1133,7 @@ async fn a_pool_member_runs_the_default_image() {
     }
     let dirs = NativeDirs::new();
     let state = tempfile::tempdir().unwrap();
-    let layout = tempfile::tempdir().unwrap();
-    busybox_image().write_oci_layout(layout.path(), "1");
-    let (ok, _, err) = image_cli(
-        state.path(),
-        &["import", layout.path().to_str().unwrap(), "--tag", TAG],
-        &[],
-    );
-    assert!(ok, "import failed: {err}");
+    import_busybox(state.path());
     let d = Daemon::start_native_in(
         &dirs,
         state,
