@@ -125,6 +125,20 @@ impl Proc {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// Waits (at most 10 s) until a line contains `needle`: the daemon
+    /// writes a line before it answers, but the thread reading its stderr
+    /// may see it only after the test saw the answer.
+    fn wait_log(&self, needle: &str) -> bool {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !self.log_contains(needle) {
+            if Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
     fn sigterm(&self) {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
@@ -257,7 +271,7 @@ fn notify_ready_when_serving_and_stopping_on_sigterm() {
         "{ready:?}"
     );
     assert!(ready.lines().any(|l| l.starts_with("STATUS=")), "{ready:?}");
-    assert!(d.log_contains("start-up reconciliation done"));
+    assert!(d.wait_log("start-up reconciliation done"));
     // No watchdog was asked for: none is sent.
     assert_eq!(notify.recv(Duration::from_millis(300)), None);
 
@@ -456,8 +470,8 @@ fn socket_activation_serves_on_passed_fds() {
     assert!(resp.starts_with("HTTP/1.1 200"));
     let resp = health_unix(&unix_path).unwrap();
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    assert!(p.log_contains("socket activation"));
-    assert!(p.log_contains("api-unix"));
+    assert!(p.wait_log("socket activation"));
+    assert!(p.wait_log("api-unix"));
 
     // Sandbox URLs name the activated address, not the unused --listen.
     let mut s = std::net::TcpStream::connect(tcp_addr).unwrap();
