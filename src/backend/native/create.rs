@@ -170,12 +170,15 @@ impl NativeBackend {
             tracing::info!(sandbox_id = %id, generation = %generation, host_ids = %format!("{}-{}", range.host, range.host + (range.size - 1)), "user namespace range taken");
             st.userns = Some(range);
         }
-        // The one durable record, before anything is made: whatever a
-        // crash leaves from here on is found through it (the cgroup by
-        // id). Later updates are not fsync'd: after a daemon crash the
-        // page cache has them; after a host crash no sandbox process is
-        // left and this record is enough to clean up.
-        {
+        // The first record, before anything is made: whatever a crash
+        // leaves from here on is found through it (the cgroup by id). It
+        // is the one made durable, by a thread of its own while the
+        // cgroup, the bundle and the launcher are made; the PID's record
+        // below waits for it before replacing it, and so does the answer.
+        // Later updates are not fsync'd: after a daemon crash the page
+        // cache has them; after a host crash no sandbox process is left
+        // and this record is enough to clean up.
+        let durable = {
             // Under the store's shared lock: the image is still there, and
             // the record naming it is written before `image rm`/`gc` (which
             // take the lock exclusively) can look.
@@ -183,8 +186,9 @@ impl NativeBackend {
                 Some(i) => Some(self.image_in_store(i)?),
                 None => None,
             };
-            self.state.save(&st)?;
-        }
+            self.state.save_in_background(&st)?
+        };
+        let mut durable = Some(durable);
         failpoint::hit(Point::CreateAfterState);
         let cgroup = self.cgroups.create(id, &spec.resources)?;
         failpoint::hit(Point::CreateAfterCgroup);
@@ -215,50 +219,80 @@ impl NativeBackend {
             out.tail(4096)
         };
         let mut save_err = None;
-        let launched = launch::launch(
-            &self.init_path,
-            &bundle_dir,
-            self.bundler.seccomp_bpf(),
-            out_w,
-            timeout,
-            &mut |pid| {
-                // Record the PID (and its start time) at once, before
-                // waiting for readiness: a crash from here on leaves a
-                // state.json naming the live process.
-                made.handle = ProcHandle::open(pid, None).map(Arc::new);
-                if let Some(h) = &made.handle {
-                    st.pid = Some(pid);
-                    st.start_time = Some(h.start_time);
-                    if let Err(e) = self.state.update(&st) {
-                        save_err = Some(e);
+        // With egress, the sandbox's network is made while PID 1 sets up
+        // its mounts and starts the agent: its network namespace exists
+        // from the moment its PID is reported (the launcher unshared it
+        // before the fork).
+        let egress = mode == crate::config::NetworkMode::Egress;
+        let mut early_netns: Option<Arc<std::os::fd::OwnedFd>> = None;
+        let (launched, attached) = std::thread::scope(|scope| {
+            let mut attaching = None;
+            let launched = launch::launch(
+                &self.init_path,
+                &bundle_dir,
+                self.bundler.seccomp_bpf(),
+                out_w,
+                timeout,
+                &mut |pid| {
+                    // Record the PID (and its start time) at once, before
+                    // waiting for readiness: a crash from here on leaves a
+                    // state.json naming the live process.
+                    made.handle = ProcHandle::open(pid, None).map(Arc::new);
+                    if let Some(h) = &made.handle {
+                        st.pid = Some(pid);
+                        st.start_time = Some(h.start_time);
+                        let first = durable.take().map_or(Ok(()), |d| d.wait());
+                        if let Err(e) = first.and_then(|()| self.state.update(&st)) {
+                            save_err = Some(e);
+                        }
+                        if let (true, Ok(ns)) = (egress, h.open_netns()) {
+                            let ns = Arc::new(ns);
+                            early_netns = Some(ns.clone());
+                            attaching = Some(scope.spawn(move || self.net.attach(id, &ns)));
+                        }
+                        failpoint::hit(Point::CreateAfterPid);
+                    } else {
+                        // It already exited: collect it, or it stays a zombie.
+                        proc::reap_if_zombie(pid);
                     }
-                    failpoint::hit(Point::CreateAfterPid);
-                } else {
-                    // It already exited: collect it, or it stays a zombie.
-                    proc::reap_if_zombie(pid);
-                }
-            },
-            &tail,
-        );
+                },
+                &tail,
+            );
+            let attached =
+                attaching.map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            (launched, attached)
+        });
         if let Some(e) = save_err {
             return Err(e.into());
         }
         let pid = launched?.pid;
+        // (Normally waited for when the PID came.)
+        if let Some(d) = durable.take() {
+            d.wait()?;
+        }
         let Some(handle) = made.handle.clone() else {
             return Err(NativeError::ExitedAtStart { id: id.to_string() });
         };
-        let netns = handle
-            .open_netns()
-            .map_err(|source| NativeError::OpenNetns {
-                id: id.to_string(),
-                pid,
-                source,
-            })?;
+        let netns = match early_netns {
+            Some(ns) => ns,
+            None => Arc::new(
+                handle
+                    .open_netns()
+                    .map_err(|source| NativeError::OpenNetns {
+                        id: id.to_string(),
+                        pid,
+                        source,
+                    })?,
+            ),
+        };
         failpoint::hit(Point::CreateAfterLaunch);
         // The sandbox's veth, address, route and set element, before the
         // create answers (the agent still listens on loopback only).
-        if mode == crate::config::NetworkMode::Egress {
-            st.network = self.net.attach(id, &netns)?;
+        if egress {
+            st.network = match attached {
+                Some(r) => r?,
+                None => self.net.attach(id, &netns)?,
+            };
         }
         failpoint::hit(Point::CreateAfterNetwork);
         st.phase = if pool_slot.is_some() {
@@ -274,7 +308,7 @@ impl NativeBackend {
         Ok(Started {
             st,
             handle,
-            netns: Arc::new(netns),
+            netns,
             cgroup,
             out,
             out_r,

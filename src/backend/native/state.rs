@@ -26,6 +26,33 @@ pub enum StateError {
     Corrupt { path: PathBuf, message: String },
 }
 
+/// The fsync of a record written by [`StateDir::save_in_background`].
+/// Dropped without [`wait`](Self::wait) (a create that failed first), the
+/// thread finishes on its own.
+#[must_use = "the record is durable only once wait() returned"]
+pub struct PendingSync {
+    handle: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    path: PathBuf,
+}
+
+impl PendingSync {
+    /// Waits until the record is on disk.
+    pub fn wait(mut self) -> Result<(), StateError> {
+        let Some(h) = self.handle.take() else {
+            return Ok(());
+        };
+        let source = match h.join() {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e,
+            Err(_) => std::io::Error::other("the fsync thread panicked"),
+        };
+        Err(StateError::Write {
+            path: std::mem::take(&mut self.path),
+            source,
+        })
+    }
+}
+
 /// Where a sandbox is in its life (as last recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -104,21 +131,49 @@ impl StateDir {
         self.sandbox_dir(id).join("state.json")
     }
 
-    /// Writes `st` atomically and durably (fsync'd, with its directory).
-    pub fn save(&self, st: &SandboxState) -> Result<(), StateError> {
-        self.write(st, true)
-    }
-
     /// Writes `st` atomically (temp file, rename) but not durably: for the
-    /// updates after a create's first, durable [`save`](Self::save). A
+    /// updates after a create's first, durable record
+    /// ([`save_in_background`](Self::save_in_background)). A
     /// crash of the daemon loses nothing (the page cache has it); a crash
     /// of the host loses at most the update, and with it every sandbox
     /// process, so the durable record is what the next start needs.
     pub fn update(&self, st: &SandboxState) -> Result<(), StateError> {
-        self.write(st, false)
+        self.write_file(st).map(drop)
     }
 
-    fn write(&self, st: &SandboxState, durable: bool) -> Result<(), StateError> {
+    /// Writes `st` atomically, like [`update`](Self::update), and makes it
+    /// durable (fsync of the file, then of the directory) on a thread of
+    /// its own, so the create goes on while the disk works. The create
+    /// waits for it ([`PendingSync::wait`]) before `state.json` is
+    /// replaced by the next record and before it answers. A daemon crash
+    /// meanwhile loses nothing (the page cache has the record); a host
+    /// crash takes every process of the sandbox with it, and whatever of
+    /// its directory is left (with or without a readable `state.json`) is
+    /// removed by id at the next start.
+    pub fn save_in_background(&self, st: &SandboxState) -> Result<PendingSync, StateError> {
+        let path = self.state_path(&st.sandbox_id);
+        let w = |source| StateError::Write {
+            path: path.clone(),
+            source,
+        };
+        let file = self.write_file(st)?;
+        let dir = std::fs::File::open(self.sandbox_dir(&st.sandbox_id)).map_err(w)?;
+        let handle = std::thread::Builder::new()
+            .name("state-fsync".into())
+            .spawn(move || {
+                file.sync_all()?;
+                dir.sync_all()
+            })
+            .map_err(w)?;
+        Ok(PendingSync {
+            handle: Some(handle),
+            path,
+        })
+    }
+
+    /// Writes `st` to the temp file and renames it over `state.json`;
+    /// returns the file (still open), not synced.
+    fn write_file(&self, st: &SandboxState) -> Result<std::fs::File, StateError> {
         let dir = self.sandbox_dir(&st.sandbox_id);
         let path = self.state_path(&st.sandbox_id);
         let tmp = dir.join(".state.json.tmp");
@@ -129,16 +184,8 @@ impl StateDir {
         let json = serde_json::to_vec_pretty(st).expect("state serializes");
         let mut f = std::fs::File::create(&tmp).map_err(w)?;
         f.write_all(&json).map_err(w)?;
-        if durable {
-            f.sync_all().map_err(w)?;
-        }
         std::fs::rename(&tmp, &path).map_err(w)?;
-        if !durable {
-            return Ok(());
-        }
-        std::fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(w)
+        Ok(f)
     }
 
     pub fn load(&self, id: &str) -> Result<Option<SandboxState>, StateError> {
@@ -247,8 +294,14 @@ mod tests {
             userns: None,
             image: None,
         };
-        sd.save(&st).unwrap();
+        sd.save_in_background(&st).unwrap().wait().unwrap();
         assert_eq!(sd.load("a").unwrap().unwrap(), st);
+        let mut later = st.clone();
+        later.phase = Phase::Running;
+        sd.update(&later).unwrap();
+        assert_eq!(sd.load("a").unwrap().unwrap(), later);
+        assert!(!sd.sandbox_dir("a").join(".state.json.tmp").exists());
+        sd.update(&st).unwrap();
         std::fs::create_dir_all(sd.bundle_dir("a").join("rootfs")).unwrap();
         sd.remove_bundle("a").unwrap();
         assert!(!sd.bundle_dir("a").exists());
