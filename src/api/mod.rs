@@ -24,6 +24,8 @@ pub mod conns;
 pub mod error;
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(test)]
+mod list_tests;
 pub mod openapi;
 pub mod proxy;
 pub mod routes;
@@ -47,6 +49,9 @@ pub struct AppState {
     /// Each listed sandbox's JSON, kept while its record is unchanged
     /// ([`routes::list_body`]).
     pub list_cache: std::sync::Mutex<std::collections::HashMap<String, routes::CachedItem>>,
+    /// The last list body and the stamp of the list it was rendered from,
+    /// served again while the stamp is unchanged ([`routes::list`]).
+    pub list_last: std::sync::Mutex<Option<(crate::lifecycle::ListStamp, Bytes)>>,
 }
 
 impl AppState {
@@ -64,6 +69,7 @@ impl AppState {
             unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
             proxy,
             list_cache: Default::default(),
+            list_last: Default::default(),
         }
     }
 }

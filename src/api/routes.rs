@@ -191,6 +191,30 @@ pub fn list_body(state: &AppState, records: &[SandboxRecord]) -> Vec<u8> {
     out
 }
 
+/// The body of `GET /api/sandboxes`: the one rendered last when the
+/// lifecycle's [`ListStamp`](crate::lifecycle::ListStamp) says nothing it
+/// was made from changed since (no record added, removed or changed, no
+/// exit or OOM kill the backend noticed), else a fresh list through
+/// [`list_body`]. Byte for byte what a fresh list would serve.
+pub async fn list(state: &AppState) -> Bytes {
+    let lc = &state.lifecycle;
+    let stamp = lc.list_stamp().await;
+    let last = |s| {
+        let last = state.list_last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| *at == s)
+            .map(|(_, b)| b.clone())
+    };
+    if let Some(body) = stamp.and_then(last) {
+        return body;
+    }
+    let body = Bytes::from(list_body(state, &lc.list().await));
+    if let Some(s) = stamp {
+        *state.list_last.lock().unwrap_or_else(|e| e.into_inner()) = Some((s, body.clone()));
+    }
+    body
+}
+
 fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.uri().query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
@@ -334,7 +358,7 @@ async fn route(
                 .expect("valid response"))
         }
         (Route::Sandboxes, &Method::GET) => {
-            let body = list_body(state, &lc.list().await);
+            let body = list(state).await;
             Ok(Response::builder()
                 .status(StatusCode::OK)
                 .header(header::CONTENT_TYPE, "application/json")

@@ -140,6 +140,18 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
+    /// A stamp of what [`refresh_all`](Backend::refresh_all) answers from
+    /// besides the records it is given: while two stamps are equal,
+    /// `refresh_all` of the same records gives the same answers, and
+    /// [`network`](Backend::network) too (list serves the body it rendered
+    /// before). Taken before a refresh it stamps that refresh, so anything
+    /// the backend notices later (an exit, an OOM kill, a change of its
+    /// table) must change the next stamp. `None` (the default): the backend
+    /// cannot tell, and every list refreshes every record.
+    async fn refresh_stamp(&self) -> Option<u64> {
+        None
+    }
+
     /// Destroys exactly this incarnation (`generation`). Succeeds when it is
     /// already gone. Never touches user files.
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;

@@ -120,6 +120,10 @@ pub struct Lifecycle {
     settings: Settings,
     metrics: Arc<Metrics>,
     tracked: Mutex<HashMap<String, Tracked>>,
+    /// Bumped, with the table's lock held, on every change of what the
+    /// table lists (a record added, removed or changed; not activity):
+    /// see [`ListStamp`].
+    changes: AtomicU64,
     locks: Arc<IdLocks>,
     quiescing: AtomicBool,
     /// Creates past the quiesce gate and not finished, and a wake-up for
@@ -127,6 +131,15 @@ pub struct Lifecycle {
     creating: AtomicUsize,
     create_done: Notify,
     epoch: Instant,
+}
+
+/// What a list's answer was made from (see [`Lifecycle::list_stamp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListStamp {
+    /// The table's change count.
+    table: u64,
+    /// The backend's [`Backend::refresh_stamp`].
+    backend: u64,
 }
 
 /// A proxy request's hold on a sandbox: the record it was admitted for and
@@ -166,6 +179,7 @@ impl Lifecycle {
             settings,
             metrics,
             tracked: Mutex::new(HashMap::new()),
+            changes: AtomicU64::new(0),
             locks: Arc::new(IdLocks::default()),
             quiescing: AtomicBool::new(false),
             creating: AtomicUsize::new(0),
@@ -210,7 +224,9 @@ impl Lifecycle {
 
     fn track(&self, record: SandboxRecord) {
         let now = self.now_ms();
-        self.table().insert(
+        let mut table = self.table();
+        self.changed();
+        table.insert(
             record.sandbox_id.clone(),
             Tracked {
                 record,
@@ -218,6 +234,19 @@ impl Lifecycle {
                 last_active_ms: now,
             },
         );
+    }
+
+    /// Stops tracking `id`.
+    fn untrack(&self, id: &str) {
+        let mut table = self.table();
+        if table.remove(id).is_some() {
+            self.changed();
+        }
+    }
+
+    /// Notes a change of what the table lists (call with its lock held).
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     fn get(&self, id: &str) -> Option<SandboxRecord> {
@@ -348,7 +377,7 @@ impl Lifecycle {
                     }
                     Err(e) => return Err(e.into()),
                 }
-                self.table().remove(&id);
+                self.untrack(&id);
             }
             let started = Instant::now();
             let record = self
@@ -407,8 +436,9 @@ impl Lifecycle {
             self.metrics.oom_kills.inc();
         }
         if let Some(t) = table.get_mut(&fresh.sandbox_id) {
-            if t.record.generation == fresh.generation {
+            if t.record.generation == fresh.generation && t.record != *fresh {
                 t.record = fresh.clone();
+                self.changed();
             }
         }
     }
@@ -434,6 +464,16 @@ impl Lifecycle {
         }
         out.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
         out
+    }
+
+    /// The stamp of what a [`list`](Lifecycle::list) now would answer,
+    /// when the backend can tell ([`Backend::refresh_stamp`]): while it is
+    /// unchanged, so is the list (same records, same statuses, same
+    /// network objects). Taken before a list, it stamps that list.
+    pub async fn list_stamp(&self) -> Option<ListStamp> {
+        let table = self.changes.load(Ordering::SeqCst);
+        let backend = self.backend.refresh_stamp().await?;
+        Some(ListStamp { table, backend })
     }
 
     /// Counts by status for `/metrics`, without touching the backend.
@@ -540,7 +580,7 @@ impl Lifecycle {
                 Err(BackendError::Conflict(reason)) => {
                     warn!(%reason, generation = %record.generation,
                           "tracked incarnation was replaced elsewhere");
-                    self.table().remove(id);
+                    self.untrack(id);
                     let current = self
                         .backend
                         .list()
@@ -564,7 +604,7 @@ impl Lifecycle {
                 }
                 Err(e) => return Err(e.into()),
             }
-            self.table().remove(id);
+            self.untrack(id);
             self.metrics
                 .delete_seconds
                 .observe(started.elapsed().as_secs_f64());

@@ -25,7 +25,7 @@ pub(super) fn refresh_all(gate: &Gate, live: &LiveMap, records: &mut [SandboxRec
     // Running per the table: PID 1's pidfd still to be polled.
     let mut running: Vec<(usize, Arc<ProcHandle>)> = Vec::with_capacity(records.len());
     {
-        let map = oom::lock(live);
+        let map = live.read();
         for (i, r) in records.iter_mut().enumerate() {
             match map.get(&r.sandbox_id) {
                 Some(l) if l.record.generation == r.generation => {
@@ -48,6 +48,16 @@ pub(super) fn refresh_all(gate: &Gate, live: &LiveMap, records: &mut [SandboxRec
             }
         }
     }
+}
+
+/// [`Backend::refresh_stamp`](crate::backend::Backend::refresh_stamp):
+/// the OOM flags brought up to date as [`refresh_all`] does first (a flag
+/// set changes the table), then the table's stamp, which counts the exits
+/// of PID 1s not yet seen (one `epoll_wait`, whatever the number of
+/// sandboxes). No file read per sandbox and no system call per sandbox.
+pub(super) fn stamp(gate: &Gate, live: &LiveMap) -> Option<u64> {
+    oom::sync(gate, live);
+    live.stamp()
 }
 
 /// Whether each process has not exited (no event on its pidfd), as

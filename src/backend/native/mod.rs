@@ -8,7 +8,6 @@
 //! This module owns everything under `<state_dir>/sandboxes/` and the
 //! per-user directories it creates; it never deletes user files.
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -69,6 +68,8 @@ struct Live {
     /// of this incarnation takes it before anything else, so the cleanup
     /// (by id: cgroup, bundle) is over before a new incarnation can exist.
     teardown: Arc<Mutex<()>>,
+    /// Its PID 1 in the table's exit set (list's stamp), once tracked.
+    exit_watch: Option<watch::ExitWatch>,
 }
 
 impl Live {
@@ -88,6 +89,7 @@ impl Live {
             net,
             cgroup_key,
             teardown: Arc::default(),
+            exit_watch: None,
         }
     }
 }
@@ -103,7 +105,7 @@ pub struct NativeBackend {
     cgroups: Arc<CgroupRoot>,
     dialer: NetnsDialer,
     /// Shared with the exit watchers ([`watch`]).
-    live: Arc<Mutex<HashMap<String, Live>>>,
+    live: Arc<watch::LiveMap>,
     /// PID 1's output per sandbox ([`output`]).
     outputs: Arc<output::Outputs>,
     /// Veths, addresses and the nftables table ([`net`]).
@@ -181,7 +183,7 @@ impl NativeBackend {
             init_path: init_path.into(),
             cgroups: Arc::new(cgroups),
             dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
-            live: Arc::new(Mutex::new(HashMap::new())),
+            live: Arc::new(watch::LiveMap::new()),
             outputs: Arc::new(output::Outputs::default()),
             net: Arc::new(network),
             userns,
@@ -228,16 +230,17 @@ impl NativeBackend {
         self.closing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    fn live(&self) -> watch::LiveRead<'_> {
+        self.live.read()
     }
 
     /// Tracks a running sandbox and starts watching its PID 1 for an exit
     /// (tracked first, so an exit that is already there is noticed).
-    fn track(&self, l: Live) {
+    fn track(&self, mut l: Live) {
         let id = l.record.sandbox_id.clone();
         let (generation, handle) = (l.record.generation.clone(), l.handle.clone());
-        self.live().insert(id.clone(), l);
+        l.exit_watch = self.live.watch_exit(handle.pidfd());
+        self.live.write().insert(id.clone(), l);
         oom::tracked(&self.live, &id, &generation);
         let cleanup = watch::Cleanup {
             cgroups: self.cgroups.clone(),
@@ -296,10 +299,10 @@ impl NativeBackend {
     }
 
     fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), NativeError> {
-        let live = self.live().remove(id);
+        let live = self.live.write().remove(id);
         match live {
             Some(l) if l.record.generation != generation => {
-                self.live().insert(id.to_string(), l);
+                self.live.write().insert(id.to_string(), l);
                 Err(NativeError::OtherGeneration { id: id.to_string() })
             }
             Some(l) => {
@@ -575,6 +578,10 @@ impl Backend for NativeBackend {
 
     async fn refresh_all(&self, records: &mut [SandboxRecord]) {
         listing::refresh_all(&self.oom, &self.live, records)
+    }
+
+    async fn refresh_stamp(&self) -> Option<u64> {
+        listing::stamp(&self.oom, &self.live)
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {

@@ -112,10 +112,6 @@ fn node_kills(path: &Path) -> Option<u64> {
         .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
 }
 
-pub(super) fn lock(live: &LiveMap) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-    live.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Live sandboxes with a cgroup and no OOM kill recorded yet.
 fn unflagged(map: &HashMap<String, Live>) -> impl Iterator<Item = &Live> {
     map.values()
@@ -125,7 +121,7 @@ fn unflagged(map: &HashMap<String, Live>) -> impl Iterator<Item = &Live> {
 /// Reads the counters of the unflagged live sandboxes (the list taken
 /// now) and flags those with a kill.
 fn scan(live: &LiveMap) {
-    let todo: Vec<(String, String, Arc<SandboxCgroup>)> = unflagged(&lock(live))
+    let todo: Vec<(String, String, Arc<SandboxCgroup>)> = unflagged(&live.read())
         .filter_map(|l| {
             let cg = l.cgroup.clone()?;
             Some((l.record.sandbox_id.clone(), l.record.generation.clone(), cg))
@@ -144,7 +140,7 @@ fn flag(live: &LiveMap, hit: Vec<(String, String)>) {
     if hit.is_empty() {
         return;
     }
-    let mut map = lock(live);
+    let mut map = live.write();
     for (id, generation) in hit {
         if let Some(l) = map
             .get_mut(&id)
@@ -158,7 +154,7 @@ fn flag(live: &LiveMap, hit: Vec<(String, String)>) {
 /// After `id` at `generation` was tracked: its counter (a kill during the
 /// launch, or one a scan that took its list before the tracking missed).
 pub(super) fn tracked(live: &LiveMap, id: &str, generation: &str) {
-    let cg = match lock(live).get(id) {
+    let cg = match live.read().get(id) {
         Some(l) if l.record.generation == generation => l.cgroup.clone(),
         _ => None,
     };
@@ -171,7 +167,7 @@ pub(super) fn tracked(live: &LiveMap, id: &str, generation: &str) {
 /// doc): directly when at most [`DIRECT_MAX`] are not flagged yet, else
 /// through the gate.
 pub(super) fn sync(gate: &Gate, live: &LiveMap) {
-    let few = unflagged(&lock(live)).take(DIRECT_MAX + 1).count() <= DIRECT_MAX;
+    let few = unflagged(&live.read()).take(DIRECT_MAX + 1).count() <= DIRECT_MAX;
     if few {
         scan(live);
     } else {
