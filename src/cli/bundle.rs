@@ -169,6 +169,10 @@ mod tests {
             let passwd = std::fs::read_to_string(out.join("etc/passwd")).unwrap();
             assert!(passwd.contains("gem:x:1000:1000"), "{passwd}");
             assert!(
+                out.join("rootfs/usr").is_dir(),
+                "runc's bundle carries the skeleton"
+            );
+            assert!(
                 !cfg.state_dir.exists(),
                 "sandboxd bundle wrote into the state directory"
             );
@@ -187,6 +191,23 @@ mod tests {
                 .unwrap();
             let mut created = config_json(&out.join("config.json"));
             let prepared = take_etc_source(&mut created);
+            // The launcher makes a create's root (in a tmpfs of its own).
+            let skeleton = created["annotations"]
+                .as_object_mut()
+                .unwrap()
+                .remove(sandbox_abi::handoff::ROOT_SKELETON_ANNOTATION)
+                .expect("the skeleton annotation");
+            assert!(
+                skeleton.as_str().unwrap().contains("\"var/tmp\""),
+                "{skeleton}"
+            );
+            assert!(
+                std::fs::read_dir(out.join("rootfs"))
+                    .unwrap()
+                    .next()
+                    .is_none(),
+                "a create's rootfs/ is empty"
+            );
             assert!(
                 prepared.starts_with(cfg.state_dir.join("etc")),
                 "{prepared:?}"

@@ -506,3 +506,87 @@ async fn a_sandbox_spamming_its_output_cannot_fill_the_disk() {
         .await;
     assert_eq!(s, 404);
 }
+
+/// The root of each sandbox is a read-only tmpfs of its own that the
+/// launcher made (the skeleton named by `config.json`'s annotation): the
+/// bundle's `rootfs/` on the host stays empty, no two sandboxes share a
+/// root, and neither the sandbox's user nor its root can write to it.
+#[tokio::test]
+async fn the_root_is_a_read_only_tmpfs_of_its_own() {
+    if !privileged("the_root_is_a_read_only_tmpfs_of_its_own") {
+        return;
+    }
+    let dirs = NativeDirs::new();
+    let d = Daemon::start_native(&dirs, &[("SANDBOXD_USERNS", "on")]);
+    let mut devs = BTreeSet::new();
+    for id in ["r1", "r2"] {
+        let (s, v) = d
+            .create(json!({"sandbox_id": id, "thread_id": id, "uid": "u1"}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let bundle = d.state_dir.path().join("sandboxes").join(id).join("bundle");
+        let on_host: Vec<_> = std::fs::read_dir(bundle.join("rootfs")).unwrap().collect();
+        assert!(on_host.is_empty(), "{id}: rootfs on the host: {on_host:?}");
+        let cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        let sk = cfg["annotations"]["sandboxd.io/root-skeleton"]
+            .as_str()
+            .expect("the skeleton annotation");
+        assert!(
+            sk.contains("\"usr\"") && sk.contains("\".sandboxd\""),
+            "{sk}"
+        );
+
+        let (out, code) = d
+            .exec(
+                id,
+                "awk '$5 == \"/\" {print $9, substr($6, 1, 2)}' /proc/self/mountinfo; \
+                 stat -c %d /; ls -A / | tr '\\n' ' '; echo; readlink /bin; \
+                 for p in /x /usr/x /.sandboxd/x; do (echo x > $p) 2>/dev/null && echo WROTE $p; done; \
+                 echo done",
+            )
+            .await;
+        assert_eq!(code, 0, "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "tmpfs ro", "{out}");
+        devs.insert(lines[1].to_string());
+        for name in [
+            "usr",
+            "etc",
+            "proc",
+            "sys",
+            "dev",
+            "tmp",
+            "home",
+            "run",
+            "var",
+            "root",
+            ".sandboxd",
+        ] {
+            assert!(
+                lines[2].split(' ').any(|n| n == name),
+                "{id}: no /{name} in {}",
+                lines[2]
+            );
+        }
+        assert!(!out.contains("WROTE"), "{out}");
+        assert_eq!(*lines.last().unwrap(), "done", "{out}");
+    }
+    assert_eq!(devs.len(), 2, "the two roots are one filesystem: {devs:?}");
+    // The sandbox's root (every capability in its user namespace): even
+    // where it may remount the top mount, the tmpfs is host root's.
+    let pid = {
+        let p = d.state_dir.path().join("sandboxes/r1/state.json");
+        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+        st["pid"].as_u64().unwrap()
+    };
+    let script = "id -u; mount -o remount,bind,rw / 2>/dev/null; \
+        touch /probe 2>/dev/null && echo WROTE /probe; \
+        mkdir /probe.d 2>/dev/null && echo WROTE /probe.d; \
+        chmod 777 / 2>/dev/null && echo WROTE /; \
+        rmdir /run 2>/dev/null && echo WROTE /run; \
+        echo done";
+    let text = common::sh_as_sandbox_root(pid, false, script);
+    assert!(text.contains("done"), "{text}");
+    assert!(!text.contains("WROTE"), "{text}");
+}

@@ -112,3 +112,21 @@ mod tests {
         );
     }
 }
+
+/// The `config.json` annotation by which the daemon asks `sandbox-init` to
+/// make the sandbox's root a small tmpfs of its own over the bundle's
+/// (empty) `rootfs/`, with these directories and symlinks in it, instead
+/// of the bundle carrying that skeleton on disk. The tmpfs is mounted in
+/// the launcher's private mount namespace only, so nothing of it is ever
+/// visible on the host, and it goes with the sandbox. A bundle without
+/// the annotation (`sandboxd bundle`, for `runc`) has the skeleton on disk.
+pub const ROOT_SKELETON_ANNOTATION: &str = "sandboxd.io/root-skeleton";
+
+/// The value of [`ROOT_SKELETON_ANNOTATION`] (JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootSkeleton {
+    /// Directories relative to the root, parents before children.
+    pub dirs: Vec<String>,
+    /// `(name, target)`: symlinks at the top of the root.
+    pub links: Vec<(String, String)>,
+}

@@ -250,6 +250,18 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     } else {
         args.bundle.join(root.path())
     };
+    let skeleton = spec
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(sandbox_abi::handoff::ROOT_SKELETON_ANNOTATION))
+        .map(|v| serde_json::from_str::<sandbox_abi::handoff::RootSkeleton>(v))
+        .transpose()
+        .map_err(|e| {
+            InitError::Spec(format!(
+                "annotation {}: {e}",
+                sandbox_abi::handoff::ROOT_SKELETON_ANNOTATION
+            ))
+        })?;
     let caps_wanted = process
         .capabilities()
         .as_ref()
@@ -347,6 +359,9 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         failpoints.keep_a_killer();
         nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(InitError::Unshare)?;
         make_private()?;
+        if let Some(sk) = &skeleton {
+            mounts::root_tmpfs(&rootfs, sk)?;
+        }
         let idmap = mounts::Idmap {
             userns: std::os::fd::AsFd::as_fd(&ns),
             uid: &uid,
@@ -429,6 +444,9 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         // 7. Make every mount private before touching anything, so no
         //    mount made below propagates to the host.
         make_private()?;
+        if let Some(sk) = &skeleton {
+            mounts::root_tmpfs(&rootfs, sk)?;
+        }
 
         // 8. The rootfs and the mount table, in the spec's order (tmpfs
         //    homes before the binds inside them). Bind sources are opened

@@ -405,6 +405,56 @@ pub fn readonly_root() -> Result<(), InitError> {
     remount_readonly(Path::new("/"))
 }
 
+/// Mounts a small tmpfs of the sandbox's own over `rootfs` (the bundle's
+/// empty directory) and makes `skeleton` in it: the root the daemon asked
+/// for with [`sandbox_abi::handoff::ROOT_SKELETON_ANNOTATION`]. Called in
+/// the launcher's private mount namespace, before the rootfs is bound and
+/// the mount table applied (the mount points those need are made in this
+/// tmpfs like in any rootfs). Owned by host root, mode 0755, and made
+/// read-only with the rest of the root.
+pub fn root_tmpfs(
+    rootfs: &Path,
+    skeleton: &sandbox_abi::handoff::RootSkeleton,
+) -> Result<(), InitError> {
+    mount(
+        Some("tmpfs"),
+        rootfs,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("mode=0755,size=1m,nr_inodes=4096"),
+    )
+    .map_err(|e| err("mount root tmpfs", rootfs, e))?;
+    let plain = |name: &str| {
+        !name.is_empty()
+            && Path::new(name)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+    };
+    if let Some(bad) = skeleton
+        .dirs
+        .iter()
+        .chain(skeleton.links.iter().map(|(n, _)| n))
+        .find(|n| !plain(n))
+    {
+        return Err(err(
+            "root skeleton",
+            rootfs,
+            format!("{bad:?} is not a relative path"),
+        ));
+    }
+    for d in &skeleton.dirs {
+        let target = beneath(rootfs, Path::new(d));
+        std::fs::create_dir(&target).map_err(|e| err("mkdir", &target, e))?;
+        std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| err("chmod", &target, e))?;
+    }
+    for (name, target) in &skeleton.links {
+        let link = beneath(rootfs, Path::new(name));
+        std::os::unix::fs::symlink(target, &link).map_err(|e| err("symlink", &link, e))?;
+    }
+    Ok(())
+}
+
 /// Remounts the mount at `path` (a bind) read-only.
 pub fn remount_readonly(path: &Path) -> Result<(), InitError> {
     mount(

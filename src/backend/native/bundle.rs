@@ -445,6 +445,31 @@ const SKELETON_DIRS: [&str; 12] = [
     ".sandboxd",
 ];
 
+/// Asks the launcher to make the root's skeleton ([`SKELETON_DIRS`] and
+/// `root_links`) in a tmpfs of the sandbox's own
+/// ([`sandbox_abi::handoff::ROOT_SKELETON_ANNOTATION`]); the bundle's
+/// `rootfs/` is then left empty.
+pub fn annotate_root_skeleton(
+    spec: &mut Spec,
+    root_links: &[(String, PathBuf)],
+) -> Result<(), BundleError> {
+    let skeleton = sandbox_abi::handoff::RootSkeleton {
+        dirs: SKELETON_DIRS.iter().map(|d| d.to_string()).collect(),
+        links: root_links
+            .iter()
+            .map(|(n, t)| (n.clone(), t.display().to_string()))
+            .collect(),
+    };
+    let value = serde_json::to_string(&skeleton).map_err(|e| BundleError::Build(e.to_string()))?;
+    let mut annotations = spec.annotations().clone().unwrap_or_default();
+    annotations.insert(
+        sandbox_abi::handoff::ROOT_SKELETON_ANNOTATION.to_string(),
+        value,
+    );
+    spec.set_annotations(Some(annotations));
+    Ok(())
+}
+
 /// Writes the bundle: `config.json`, `rootfs/` skeleton, `files/` and,
 /// when `etc_in_bundle` is given (`sandboxd bundle`, no daemon's prepared
 /// `/etc`), that content as `etc/`. When
@@ -464,7 +489,7 @@ pub fn write_bundle(
     command_env: &[String],
     seccomp_verbatim: Option<&serde_json::Value>,
     etc_in_bundle: Option<&[super::etc::Entry]>,
-    root_links: &[(String, PathBuf)],
+    root_links: Option<&[(String, PathBuf)]>,
 ) -> Result<(), BundleError> {
     let root = create_exclusive_dir(dir)?;
     if let Some(entries) = etc_in_bundle {
@@ -473,7 +498,12 @@ pub fn write_bundle(
     }
     let rootfs = make_dir(&root, dir, "rootfs")?;
     let rootfs_path = dir.join("rootfs");
-    for d in SKELETON_DIRS {
+    // None: the launcher makes the skeleton (annotate_root_skeleton).
+    let (skeleton, root_links): (&[&str], &[(String, PathBuf)]) = match root_links {
+        Some(links) => (&SKELETON_DIRS, links),
+        None => (&[], &[]),
+    };
+    for &d in skeleton {
         // `var/tmp`: its parent is listed (and made) before it.
         let (parent, name) = match d.rsplit_once('/') {
             Some((p, n)) => (Some(open_dir(&rootfs, &rootfs_path, p)?), n),

@@ -77,6 +77,11 @@ pub struct Bundler {
     /// The compiled seccomp filters the launcher installs, written once at
     /// start (the daemon), else compiled by the launcher from `config.json`.
     seccomp_bpf: Option<PathBuf>,
+    /// The daemon's bundles: the root's skeleton is made by `sandbox-init`
+    /// in a tmpfs of the sandbox's own (an annotation lists it), so a
+    /// create makes a score fewer inodes on the state directory's disk;
+    /// `sandboxd bundle` (for `runc`) writes it into `rootfs/`.
+    root_in_launcher: bool,
 }
 
 /// The shared `/etc` content of the bundles ([`super::etc`]).
@@ -135,6 +140,7 @@ impl Bundler {
             network: cfg.network.mode,
             etc,
             seccomp_bpf,
+            root_in_launcher: matches!(paths, HostPaths::Prepare),
         })
     }
 
@@ -239,13 +245,16 @@ impl Bundler {
                 .map_err(|e| NativeError::Bundle(bundle::BundleError::Build(e)))?;
         }
         let env = bundle::command_env(&base, spec);
+        if self.root_in_launcher {
+            bundle::annotate_root_skeleton(&mut oci, &host.root_links)?;
+        }
         bundle::write_bundle(
             dir,
             &oci,
             &env,
             Some(&self.seccomp.verbatim),
             etc_in_bundle,
-            &host.root_links,
+            (!self.root_in_launcher).then_some(host.root_links.as_slice()),
         )?;
         Ok(oci)
     }

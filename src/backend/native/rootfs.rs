@@ -5,7 +5,9 @@
 //! filesystem of that image bound read-only into the same skeleton, its
 //! top-level symlinks made there, and no host bind at all).
 //!
-//! The sandbox's `/` is always the bundle's own skeleton, never the shared
+//! The sandbox's `/` is always a skeleton of its own (the daemon's bundles:
+//! a tmpfs `sandbox-init` makes over the bundle's empty `rootfs/`, see
+//! [`super::bundle::annotate_root_skeleton`]), never the shared
 //! image directory: with user namespaces the top mount is the one mount a
 //! sandbox's root could remount writable (`pivot_root` refuses a locked
 //! root), and the skeleton belongs to that sandbox alone, while every
