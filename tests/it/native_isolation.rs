@@ -516,6 +516,25 @@ async fn the_root_is_a_read_only_tmpfs_of_its_own() {
     if !privileged("the_root_is_a_read_only_tmpfs_of_its_own") {
         return;
     }
+    // Without user namespaces the launcher takes its other path (it forks
+    // PID 1 first, then mounts); the root is made the same way.
+    {
+        let dirs = NativeDirs::new();
+        let d = Daemon::start_native(&dirs, &[("SANDBOXD_USERNS", "off")]);
+        let (s, v) = d
+            .create(json!({"sandbox_id": "plain", "thread_id": "p", "uid": "u1"}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let (out, code) = d
+            .exec(
+                "plain",
+                "awk '$5 == \"/\" {print $9, substr($6, 1, 2)}' /proc/self/mountinfo; \
+                 (echo x > /x) 2>/dev/null && echo WROTE; ls -d /usr /var/tmp /.sandboxd",
+            )
+            .await;
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(out, "tmpfs ro\n/.sandboxd\n/usr\n/var/tmp\n");
+    }
     let dirs = NativeDirs::new();
     let d = Daemon::start_native(&dirs, &[("SANDBOXD_USERNS", "on")]);
     let mut devs = BTreeSet::new();

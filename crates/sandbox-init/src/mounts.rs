@@ -416,6 +416,7 @@ pub fn root_tmpfs(
     rootfs: &Path,
     skeleton: &sandbox_abi::handoff::RootSkeleton,
 ) -> Result<(), InitError> {
+    check_skeleton(skeleton).map_err(|m| err("root skeleton", rootfs, m))?;
     mount(
         Some("tmpfs"),
         rootfs,
@@ -424,24 +425,6 @@ pub fn root_tmpfs(
         Some("mode=0755,size=1m,nr_inodes=4096"),
     )
     .map_err(|e| err("mount root tmpfs", rootfs, e))?;
-    let plain = |name: &str| {
-        !name.is_empty()
-            && Path::new(name)
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)))
-    };
-    if let Some(bad) = skeleton
-        .dirs
-        .iter()
-        .chain(skeleton.links.iter().map(|(n, _)| n))
-        .find(|n| !plain(n))
-    {
-        return Err(err(
-            "root skeleton",
-            rootfs,
-            format!("{bad:?} is not a relative path"),
-        ));
-    }
     for d in &skeleton.dirs {
         let target = beneath(rootfs, Path::new(d));
         std::fs::create_dir(&target).map_err(|e| err("mkdir", &target, e))?;
@@ -453,6 +436,26 @@ pub fn root_tmpfs(
         std::os::unix::fs::symlink(target, &link).map_err(|e| err("symlink", &link, e))?;
     }
     Ok(())
+}
+
+/// Every name of the skeleton is a plain relative path (nothing made
+/// outside the root).
+fn check_skeleton(skeleton: &sandbox_abi::handoff::RootSkeleton) -> Result<(), String> {
+    let plain = |name: &str| {
+        !name.is_empty()
+            && Path::new(name)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+    };
+    match skeleton
+        .dirs
+        .iter()
+        .chain(skeleton.links.iter().map(|(n, _)| n))
+        .find(|n| !plain(n))
+    {
+        Some(bad) => Err(format!("{bad:?} is not a relative path")),
+        None => Ok(()),
+    }
 }
 
 /// Remounts the mount at `path` (a bind) read-only.
@@ -470,6 +473,24 @@ pub fn remount_readonly(path: &Path) -> Result<(), InitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_skeleton_names_nothing_outside_the_root() {
+        use sandbox_abi::handoff::RootSkeleton;
+        let ok = RootSkeleton {
+            dirs: vec!["usr".into(), "var/tmp".into(), ".sandboxd".into()],
+            links: vec![("bin".into(), "usr/bin".into())],
+        };
+        assert!(check_skeleton(&ok).is_ok());
+        for bad in ["../x", "/etc", "a/../../b", "", "."] {
+            let mut s = ok.clone();
+            s.dirs.push(bad.into());
+            assert!(check_skeleton(&s).is_err(), "{bad:?}");
+            let mut s = ok.clone();
+            s.links.push((bad.into(), "usr/bin".into()));
+            assert!(check_skeleton(&s).is_err(), "link {bad:?}");
+        }
+    }
 
     #[test]
     fn options() {
