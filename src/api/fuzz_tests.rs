@@ -4,7 +4,6 @@
 //! workdir validators. None may panic; without the token nothing but the
 //! three open routes answers 2xx, and nothing answers 5xx.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
@@ -16,8 +15,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::routes::Route;
 use super::*;
 use crate::backend::memory::MemoryBackend;
-use crate::lifecycle::{Lifecycle, Settings};
-use crate::metrics::Metrics;
 use crate::model::{validate_sandbox_id, validate_workdir};
 
 const TOKEN: &str = "fuzz-token-0123456789abcdef0123456789abcdef";
@@ -49,27 +46,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn state() -> Arc<AppState> {
     let backend = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
-    let settings = Settings {
-        health_timeout: Duration::from_secs(5),
-        idle_timeout: None,
-        idle_check_interval: Duration::from_secs(10),
-        global_env: BTreeMap::new(),
-        limits: Default::default(),
-        delete_grace: Duration::from_secs(1),
-        stop_timeout: Duration::from_secs(1),
-        allowed_images: Vec::new(),
-    };
-    let lc = Arc::new(Lifecycle::new(
-        Arc::new(backend),
-        settings,
-        Arc::new(Metrics::new()),
-    ));
-    Arc::new(AppState::new(
-        lc,
-        auth::Token::new(TOKEN.into()).unwrap(),
-        "http://127.0.0.1:8002".into(),
-        proxy::ProxySettings::default(),
-    ))
+    AppState::for_tests(Arc::new(backend), TOKEN)
 }
 
 /// Writes `input` to a connection the daemon serves, closes the writing

@@ -12,8 +12,6 @@ use async_trait::async_trait;
 use super::*;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, BackendError, Upstream};
-use crate::lifecycle::{Lifecycle, Settings};
-use crate::metrics::Metrics;
 use crate::model::{CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus};
 
 /// The memory backend with a stamp that moves only when a sandbox is lost
@@ -68,23 +66,7 @@ fn memory() -> MemoryBackend {
 }
 
 fn state(backend: Arc<dyn Backend>) -> Arc<AppState> {
-    let settings = Settings {
-        health_timeout: Duration::from_secs(5),
-        idle_timeout: None,
-        idle_check_interval: Duration::from_secs(10),
-        global_env: BTreeMap::new(),
-        limits: Default::default(),
-        delete_grace: Duration::from_secs(1),
-        stop_timeout: Duration::from_secs(1),
-        allowed_images: Vec::new(),
-    };
-    let lc = Arc::new(Lifecycle::new(backend, settings, Arc::new(Metrics::new())));
-    Arc::new(AppState::new(
-        lc,
-        auth::Token::new("list-token-0123456789abcdef0123456789abcdef".into()).unwrap(),
-        "http://127.0.0.1:8002".into(),
-        proxy::ProxySettings::default(),
-    ))
+    AppState::for_tests(backend, "list-token-0123456789abcdef0123456789abcdef")
 }
 
 fn req(id: &str, thread: &str) -> CreateRequest {

@@ -55,6 +55,33 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state of a daemon over `backend` with test settings and `token`
+    /// (the API's unit tests).
+    #[cfg(test)]
+    pub(crate) fn for_tests(backend: Arc<dyn crate::backend::Backend>, token: &str) -> Arc<Self> {
+        let settings = crate::lifecycle::Settings {
+            health_timeout: Duration::from_secs(5),
+            idle_timeout: None,
+            idle_check_interval: Duration::from_secs(10),
+            global_env: Default::default(),
+            limits: Default::default(),
+            delete_grace: Duration::from_secs(1),
+            stop_timeout: Duration::from_secs(1),
+            allowed_images: Vec::new(),
+        };
+        let lc = Arc::new(Lifecycle::new(
+            backend,
+            settings,
+            Arc::new(crate::metrics::Metrics::new()),
+        ));
+        Arc::new(AppState::new(
+            lc,
+            auth::Token::new(token.into()).unwrap(),
+            "http://127.0.0.1:8002".into(),
+            proxy::ProxySettings::default(),
+        ))
+    }
+
     pub fn new(
         lifecycle: Arc<Lifecycle>,
         token: auth::Token,
