@@ -428,13 +428,20 @@ fn enable_v2_controllers(dir: &Path, needed: &[&str]) -> Result<(), CgroupError>
 }
 
 /// Copies `cpuset.cpus` and `cpuset.mems` from the parent into a new v1
-/// cpuset directory.
-fn copy_cpuset(dir: &Path) -> Result<(), CgroupError> {
+/// cpuset directory. A parent whose own are still empty (made a moment ago
+/// by a concurrent create that has not copied them yet: `mkdir` told this
+/// one it existed) is filled from above first, or this directory would stay
+/// empty and refuse every task (`ENOSPC` on `cgroup.procs`).
+pub(crate) fn copy_cpuset(dir: &Path) -> Result<(), CgroupError> {
     let Some(parent) = dir.parent() else {
         return Ok(());
     };
     for name in ["cpuset.cpus", "cpuset.mems"] {
-        let value = files::read(&parent.join(name))?;
+        let mut value = files::read(&parent.join(name))?;
+        if value.trim().is_empty() && parent.parent().is_some_and(|g| g.join(name).exists()) {
+            copy_cpuset(parent)?;
+            value = files::read(&parent.join(name))?;
+        }
         if !value.trim().is_empty() {
             files::write(&dir.join(name), value.trim())?;
         }

@@ -480,3 +480,24 @@ fn oci_resources_spec() {
     .unwrap();
     assert!(none.memory().is_none() && none.pids().is_none() && none.cpu().is_none());
 }
+
+/// Two creates under a new parent: the one that found the parent made (by
+/// the other, which has not copied the parent's cpuset yet) fills it from
+/// above before copying it into its own directory.
+#[test]
+fn a_new_cpuset_is_never_left_empty_by_a_concurrent_parent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let top = tmp.path().join("cpuset");
+    let parent = top.join("sandboxd-new");
+    let dir = parent.join("abc");
+    fs::create_dir_all(&dir).unwrap();
+    for (d, cpus, mems) in [(&top, "0-1", "0"), (&parent, "", ""), (&dir, "", "")] {
+        fs::write(d.join("cpuset.cpus"), cpus).unwrap();
+        fs::write(d.join("cpuset.mems"), mems).unwrap();
+    }
+    crate::root::copy_cpuset(&dir).unwrap();
+    for d in [&parent, &dir] {
+        assert_eq!(fs::read_to_string(d.join("cpuset.cpus")).unwrap(), "0-1");
+        assert_eq!(fs::read_to_string(d.join("cpuset.mems")).unwrap(), "0");
+    }
+}
