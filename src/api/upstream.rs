@@ -436,6 +436,15 @@ mod tests {
         }
     }
 
+    /// `side` driven with no upstream connections, and a waker that
+    /// counts the task's wake-ups.
+    fn driven(side: Side) -> (Pin<Box<Driven<Side>>>, Arc<Count>, Waker) {
+        let ups = Arc::new(ConnUpstreams::new(Arc::new(UpstreamPool::default())));
+        let count = Arc::new(Count::default());
+        let outer = Waker::from(count.clone());
+        (Box::pin(Driven::new(side, ups)), count, outer)
+    }
+
     #[test]
     fn wake_ups_inside_a_poll_go_round_and_those_from_outside_wake_the_task() {
         let kept = Arc::new(Mutex::new(None));
@@ -444,10 +453,7 @@ mod tests {
             polls: 0,
             kept: kept.clone(),
         };
-        let ups = Arc::new(ConnUpstreams::new(Arc::new(UpstreamPool::default())));
-        let mut driven = Box::pin(Driven::new(side, ups));
-        let count = Arc::new(Count::default());
-        let outer = Waker::from(count.clone());
+        let (mut driven, count, outer) = driven(side);
         let mut cx = Context::from_waker(&outer);
         // Three self wake-ups are served within one poll, without
         // scheduling the task again.
@@ -468,10 +474,7 @@ mod tests {
             polls: 0,
             kept: Arc::new(Mutex::new(None)),
         };
-        let ups = Arc::new(ConnUpstreams::new(Arc::new(UpstreamPool::default())));
-        let mut driven = Box::pin(Driven::new(side, ups));
-        let count = Arc::new(Count::default());
-        let outer = Waker::from(count.clone());
+        let (mut driven, count, outer) = driven(side);
         let mut cx = Context::from_waker(&outer);
         assert!(driven.as_mut().poll(&mut cx).is_pending());
         // Out of rounds: the task is scheduled again rather than spinning.

@@ -349,27 +349,24 @@ pub fn build_spec(
 /// (the host's userland) or its shared files bound over an image's own,
 /// then the sandbox's `hosts` and `hostname` over either.
 fn etc_mounts(own_etc: bool, files_dir: &Path, etc_dir: &Path) -> Result<Vec<Mount>, BundleError> {
-    let ro = ["bind", "ro", "nosuid", "nodev", "noexec"];
+    let bind_ro = |dest: &str, src: &Path| {
+        mount(
+            dest,
+            "bind",
+            src,
+            &["bind", "ro", "nosuid", "nodev", "noexec"],
+        )
+    };
     let mut out = Vec::new();
     if own_etc {
         for name in super::etc::SHARED_FILES {
-            out.push(mount(
-                &format!("/etc/{name}"),
-                "bind",
-                &etc_dir.join(name),
-                &ro,
-            )?);
+            out.push(bind_ro(&format!("/etc/{name}"), &etc_dir.join(name))?);
         }
     } else {
-        out.push(mount("/etc", "bind", etc_dir, &ro)?);
+        out.push(bind_ro("/etc", etc_dir)?);
     }
     for name in super::etc::PER_SANDBOX_FILES {
-        out.push(mount(
-            &format!("/etc/{name}"),
-            "bind",
-            &files_dir.join(name),
-            &ro,
-        )?);
+        out.push(bind_ro(&format!("/etc/{name}"), &files_dir.join(name))?);
     }
     Ok(out)
 }

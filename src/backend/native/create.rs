@@ -104,6 +104,15 @@ impl NativeBackend {
         image: Option<&ResolvedImage>,
     ) -> Result<SandboxRecord, NativeError> {
         self.prepare_user_paths(spec)?;
+        let started = self.start(spec, timeout, image, None)?;
+        let key = spec.sandbox_id.clone();
+        Ok(self.go_live(started, key))
+    }
+
+    /// A started sandbox (`started.st` already under its id) becomes live:
+    /// its output is read, its record is `running` and it is tracked, its
+    /// cgroup under `cgroup_key` (the id, or a claimed pool member's key).
+    pub(super) fn go_live(&self, started: Started, cgroup_key: String) -> SandboxRecord {
         let Started {
             st,
             handle,
@@ -111,9 +120,8 @@ impl NativeBackend {
             cgroup,
             out,
             out_r,
-        } = self.start(spec, timeout, image, None)?;
-        let id = spec.sandbox_id.as_str();
-        self.outputs.start(id, out, out_r);
+        } = started;
+        self.outputs.start(&st.sandbox_id, out, out_r);
         let record = record_of(&st, SandboxStatus::Running);
         self.track(Live::new(
             record.clone(),
@@ -121,9 +129,9 @@ impl NativeBackend {
             netns,
             Some(cgroup),
             st.network.clone(),
-            id.to_string(),
+            cgroup_key,
         ));
-        Ok(record)
+        record
     }
 
     /// Starts the sandbox of `spec`: everything of a create but the

@@ -49,12 +49,11 @@ use tracing::{info, warn};
 
 use super::create::Started;
 use super::state::Phase;
-use super::{blocking, output, paths, record_of, Live, NativeBackend, NativeError};
+use super::{blocking, output, paths, NativeBackend, NativeError};
 use crate::config::{NetworkMode, PoolConfig};
 use crate::images::ResolvedImage;
 use crate::model::{
-    new_generation, unix_now, Identity, SandboxRecord, SandboxSpec, SandboxStatus, StorageMode,
-    POOL_KEY_PREFIX,
+    new_generation, unix_now, Identity, SandboxRecord, SandboxSpec, StorageMode, POOL_KEY_PREFIX,
 };
 use sandbox_abi::claim::{ClaimAnswer, ClaimRequest, FileId, CLAIM_PATH};
 use sandbox_abi::layout::GUEST;
@@ -786,15 +785,8 @@ impl NativeBackend {
                 m,
             );
         }
-        let Member { started, .. } = m;
-        let Started {
-            mut st,
-            handle,
-            netns,
-            cgroup,
-            out_r,
-            ..
-        } = started;
+        let Member { mut started, .. } = m;
+        let st = &mut started.st;
         st.sandbox_id = id.to_string();
         st.generation = new_generation();
         st.identity = spec.identity.clone();
@@ -810,23 +802,14 @@ impl NativeBackend {
         // Not fsync'd: the member's first record was (see create.rs); after
         // a daemon crash the page cache has this one, after a host crash
         // nothing of the sandbox runs and either record gets it cleaned up.
-        if let Err(e) = self.state.update(&st) {
+        if let Err(e) = self.state.update(st) {
             // Destroyed under its new id (the directory moved).
-            self.destroy(id, Some(&handle));
+            self.destroy(id, Some(&started.handle));
             return Err(Box::new((e.into(), None)));
         }
-        info!(sandbox_id = %id, generation = %st.generation, key = %key, pid = handle.pid, "claimed a pool member");
-        self.outputs
-            .start(id, Arc::new(output::Output::new(id, &st.generation)), out_r);
-        let record = record_of(&st, SandboxStatus::Running);
-        self.track(Live::new(
-            record.clone(),
-            handle,
-            netns,
-            Some(cgroup),
-            st.network.clone(),
-            key,
-        ));
-        Ok(record)
+        info!(sandbox_id = %id, generation = %st.generation, key = %key, pid = started.handle.pid, "claimed a pool member");
+        // Its output is read from here on under its id and generation.
+        started.out = Arc::new(output::Output::new(id, &st.generation));
+        Ok(self.go_live(started, key))
     }
 }
