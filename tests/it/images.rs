@@ -1150,7 +1150,10 @@ async fn a_pool_member_runs_the_default_image() {
     let (s, v) = d.create(create_body("img-p", "t", "u1")).await;
     assert_eq!(s, 200, "{v}");
     assert!(
-        d.log_contains("claimed a pool member sandbox_id=img-p"),
+        d.wait_log(
+            "claimed a pool member sandbox_id=img-p",
+            std::time::Duration::from_secs(5)
+        ),
         "the create did not claim the member"
     );
     assert_runs_the_image(&d, "img-p").await;

@@ -40,7 +40,10 @@ async fn published_python_client_through_the_proxy() {
         .await;
     assert_eq!(s, 200, "{v}");
     assert!(
-        d.log_contains("claimed a pool member sandbox_id=pyc"),
+        d.wait_log(
+            "claimed a pool member sandbox_id=pyc",
+            std::time::Duration::from_secs(5)
+        ),
         "the create did not claim the pool member"
     );
     let base_url = d.url("/api/sandboxes/pyc/proxy");

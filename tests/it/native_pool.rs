@@ -120,7 +120,10 @@ async fn a_create_claims_a_ready_member_with_the_users_directories() {
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(claims(&d, "claimed").await, 1, "the create did not claim");
-    assert!(d.log_contains("claimed a pool member sandbox_id=pa"));
+    assert!(d.wait_log(
+        "claimed a pool member sandbox_id=pa",
+        std::time::Duration::from_secs(5)
+    ));
     // The member's state directory became the sandbox's; its cgroup keeps
     // the member's key.
     let st = state(&d, "pa");
