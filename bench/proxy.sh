@@ -2,16 +2,20 @@
 # Proxy benchmark: requests/s and p50/p99 latency of a small GET at 1 and 8
 # connections, straight to an upstream (nginx), through nginx's own
 # `proxy_pass` (upstream keep-alive, the reference a reverse proxy is
-# measured against) and through sandboxd's proxy (memory backend pointing
-# at the same nginx), measured in one run with wrk, the three runs back to
-# back for each connection count. Writes the figures into
-# docs/performance.md between the PROXY markers. Needs root only for
-# apt-get (wrk, nginx-light).
+# measured against), through sandboxd's proxy (memory backend pointing at
+# the same nginx; the relay, its fast path, on as by default) and through
+# sandboxd with the relay off (`SANDBOXD_PROXY_RELAY=false`: every request
+# through hyper), all measured in one run with wrk. For each connection
+# count the four runs go back to back, ROUNDS times over, and each figure
+# is the median of its rounds (the machine is shared and noisy). Writes
+# the figures into docs/performance.md between the PROXY markers. Needs
+# root only for apt-get (wrk, nginx-light).
 #
-#   bash bench/proxy.sh [DURATION_SECONDS]
+#   bash bench/proxy.sh [DURATION_SECONDS] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 dur="${1:-10}"
+rounds="${2:-3}"
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need wrk || ! need nginx; then
@@ -24,11 +28,12 @@ cleanup() {
     [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
     [ -f "$work/nginx-proxy.pid" ] && kill "$(cat "$work/nginx-proxy.pid")" 2>/dev/null || true
     [ -n "${sbd:-}" ] && kill "$sbd" 2>/dev/null || true
+    [ -n "${sbd_hyper:-}" ] && kill "$sbd_hyper" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
 
-up_port=18190; prov_port=18191; ngx_port=18192
+up_port=18190; prov_port=18191; ngx_port=18192; hyper_port=18193
 cat > "$work/nginx.conf" <<NGINX
 worker_processes 1;
 pid $work/nginx.pid;
@@ -68,17 +73,23 @@ NGINX
 nginx -c "$work/nginx-proxy.conf"
 
 token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-SANDBOX_PROVISIONER_TOKEN=$token PROVISIONER_BACKEND=memory \
-MEMORY_SANDBOX_URL_TEMPLATE="http://127.0.0.1:$up_port" RUST_LOG=warn \
-    ./target/release/sandboxd serve --listen "127.0.0.1:$prov_port" --state-dir "$work/state" &
-sbd=$!
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$prov_port/health" >/dev/null && break; sleep 0.1; done
-curl -sf -H "Authorization: Bearer $token" -X POST "http://127.0.0.1:$prov_port/api/sandboxes" \
-     -d '{"sandbox_id":"bench","thread_id":"t","uid":"u"}' >/dev/null
+start() { # port relay
+    SANDBOX_PROVISIONER_TOKEN=$token PROVISIONER_BACKEND=memory SANDBOXD_PROXY_RELAY=$2 \
+    MEMORY_SANDBOX_URL_TEMPLATE="http://127.0.0.1:$up_port" RUST_LOG=warn \
+        ./target/release/sandboxd serve --listen "127.0.0.1:$1" --state-dir "$work/state-$1" &
+}
+start "$prov_port" true; sbd=$!
+start "$hyper_port" false; sbd_hyper=$!
+for port in "$prov_port" "$hyper_port"; do
+    for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+    curl -sf -H "Authorization: Bearer $token" -X POST "http://127.0.0.1:$port/api/sandboxes" \
+         -d '{"sandbox_id":"bench","thread_id":"t","uid":"u"}' >/dev/null
+done
 
 direct="http://127.0.0.1:$up_port/small"
 via_nginx="http://127.0.0.1:$ngx_port/small"
 proxied="http://127.0.0.1:$prov_port/api/sandboxes/bench/proxy/small"
+via_hyper="http://127.0.0.1:$hyper_port/api/sandboxes/bench/proxy/small"
 
 # Prints "rps p50_us p99_us" for one wrk run.
 run() {
@@ -92,26 +103,41 @@ run() {
         END { printf "%.0f %.0f %.0f\n", rps, p50, p99 }' "$work/wrk.out"
 }
 
+# The median of the numbers on stdin.
+median() { sort -n | awk '{v[NR]=$1} END { print v[int((NR+1)/2)] }'; }
+
 rows=""
 for c in 1 8; do
     t=$([ "$c" = 1 ] && echo 1 || echo 2)
-    read -r d_rps d_p50 d_p99 < <(run "$c" "$t" "$direct")
-    read -r n_rps n_p50 n_p99 < <(run "$c" "$t" "$via_nginx")
-    read -r p_rps p_p50 p_p99 < <(run "$c" "$t" "$proxied" -H "Authorization: Bearer $token")
+    : > "$work/runs"
+    for r in $(seq "$rounds"); do
+        echo "d $(run "$c" "$t" "$direct")" >> "$work/runs"
+        echo "n $(run "$c" "$t" "$via_nginx")" >> "$work/runs"
+        echo "p $(run "$c" "$t" "$proxied" -H "Authorization: Bearer $token")" >> "$work/runs"
+        echo "h $(run "$c" "$t" "$via_hyper" -H "Authorization: Bearer $token")" >> "$work/runs"
+    done
+    # fig KIND COLUMN: the median of one figure over the rounds.
+    fig() { awk -v k="$1" -v col="$2" '$1==k { print $col }' "$work/runs" | median; }
+    d_rps=$(fig d 2); d_p50=$(fig d 3)
+    n_rps=$(fig n 2); n_p50=$(fig n 3)
+    p_rps=$(fig p 2); p_p50=$(fig p 3); p_p99=$(fig p 4)
+    h_rps=$(fig h 2); h_p50=$(fig h 3)
     vs_nginx=$(awk -v a="$p_rps" -v b="$n_rps" 'BEGIN{printf "%.2f", a/b}')
-    n_added=$((n_p50 - d_p50)); p_added=$((p_p50 - d_p50))
-    rows+="| $c | $d_rps | $d_p50 | $n_rps | $n_p50 | $n_added | $p_rps | $p_p50 | $p_p99 | $p_added | $vs_nginx |"$'\n'
-    echo "conns=$c direct: $d_rps req/s p50 ${d_p50}us | nginx: $n_rps req/s p50 ${n_p50}us (+${n_added}) | sandboxd: $p_rps req/s p50 ${p_p50}us p99 ${p_p99}us (+${p_added}) | sandboxd/nginx $vs_nginx"
+    n_added=$((n_p50 - d_p50)); p_added=$((p_p50 - d_p50)); h_added=$((h_p50 - d_p50))
+    rows+="| $c | $d_rps | $d_p50 | $n_rps | $n_p50 | $n_added | $p_rps | $p_p50 | $p_p99 | $p_added | $vs_nginx | $h_rps | $h_added |"$'\n'
+    echo "conns=$c direct: $d_rps req/s p50 ${d_p50}us | nginx: $n_rps req/s p50 ${n_p50}us (+${n_added}) | sandboxd: $p_rps req/s p50 ${p_p50}us p99 ${p_p99}us (+${p_added}) | sandboxd/nginx $vs_nginx | relay off: $h_rps req/s (+${h_added})"
 done
 
 section=$(cat <<MD
 <!-- PROXY:BEGIN (written by bench/proxy.sh) -->
-Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(uname -r)), \`bash bench/proxy.sh ${dur}\`: wrk ${dur}s per run, nginx upstream
-returning 3 bytes; nginx \`proxy_pass\` ($(nproc) workers, upstream keep-alive) and sandboxd's proxy (release build, memory
-backend) in front of the same upstream; for each connection count the three runs back to back.
+Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(uname -r)), \`bash bench/proxy.sh ${dur} ${rounds}\`: wrk ${dur}s per run, nginx
+upstream returning 3 bytes; nginx \`proxy_pass\` ($(nproc) workers, upstream keep-alive) and sandboxd's proxy (release build,
+memory backend) in front of the same upstream, sandboxd once with the relay (the default) and once without
+(\`SANDBOXD_PROXY_RELAY=false\`, every request through hyper); for each connection count the four runs back to back,
+${rounds} rounds, each figure the median of its rounds.
 
-| conns | direct req/s | direct p50 µs | nginx req/s | nginx p50 µs | nginx added p50 µs | sandboxd req/s | sandboxd p50 µs | sandboxd p99 µs | sandboxd added p50 µs | sandboxd / nginx req/s |
-|---|---|---|---|---|---|---|---|---|---|---|
+| conns | direct req/s | direct p50 µs | nginx req/s | nginx p50 µs | nginx added p50 µs | sandboxd req/s | sandboxd p50 µs | sandboxd p99 µs | sandboxd added p50 µs | sandboxd / nginx req/s | relay off req/s | relay off added p50 µs |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 ${rows}
 Goal: sandboxd ≥ nginx \`proxy_pass\` in req/s and ≤ nginx in added p50.
 <!-- PROXY:END -->

@@ -402,6 +402,9 @@ pub struct ProxyConfig {
     /// Longest pause between two parts of a response body coming from a
     /// sandbox.
     pub body_idle_timeout_seconds: u64,
+    /// Serve plain proxied requests with the built-in HTTP/1.1 relay (the
+    /// fast path); `false` leaves every request to hyper.
+    pub relay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -413,6 +416,7 @@ impl Default for ProxyConfig {
                 .collect(),
             head_timeout_seconds: None,
             body_idle_timeout_seconds: 60,
+            relay: true,
         }
     }
 }
@@ -934,6 +938,7 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_PROXY_RESPONSE_HEADERS", Setter::Text(|c, v| c.proxy.response_headers = split_commas(&v))),
     ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(c.proxy.head_timeout_seconds.get_or_insert(0), v))),
     ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.proxy.body_idle_timeout_seconds, v))),
+    ("SANDBOXD_PROXY_RELAY", Setter::Parsed(|c, v| parse_bool_into(&mut c.proxy.relay, v))),
     ("SANDBOXD_DELETE_GRACE_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.delete_grace_seconds, v))),
     ("SANDBOXD_STOP_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.stop_timeout_seconds, v))),
 ];
@@ -1580,6 +1585,10 @@ mod tests {
         let c = Config::default();
         assert_eq!(c.proxy_head_timeout_seconds(), 210);
         assert_eq!(c.proxy.body_idle_timeout_seconds, 60);
+        assert!(c.proxy.relay);
+        let c = Config::load(None, &env(&[("SANDBOXD_PROXY_RELAY", "false")])).unwrap();
+        assert!(!c.proxy.relay);
+        assert!(Config::load(None, &env(&[("SANDBOXD_PROXY_RELAY", "sometimes")])).is_err());
         let c = Config::load(None, &env(&[("SANDBOX_EXEC_TIMEOUT_SECONDS", "600")])).unwrap();
         assert_eq!(c.proxy_head_timeout_seconds(), 630);
         let dir = tempfile::tempdir().unwrap();

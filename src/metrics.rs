@@ -34,6 +34,12 @@ pub struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    /// `relay` (the fast path) or `hyper`.
+    pub path: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -54,6 +60,10 @@ pub struct Metrics {
     pub create_seconds: Histogram,
     pub delete_seconds: Histogram,
     pub proxy_seconds: Histogram,
+    /// Proxied requests served by the relay and by hyper (children of
+    /// `proxy_requests_total`, made once so counting takes no lookup).
+    pub proxy_relayed: Counter,
+    pub proxy_via_hyper: Counter,
     pub reaped: Counter,
     pub oom_kills: Counter,
     pub errors: Family<KindLabel, Counter>,
@@ -87,6 +97,13 @@ impl Metrics {
         let create_seconds = histogram();
         let delete_seconds = histogram();
         let proxy_seconds = histogram();
+        let proxy_requests = Family::<PathLabel, Counter>::default();
+        let path = |p: &str| {
+            proxy_requests
+                .get_or_create(&PathLabel { path: p.into() })
+                .clone()
+        };
+        let (proxy_relayed, proxy_via_hyper) = (path("relay"), path("hyper"));
         let reaped = Counter::default();
         let oom_kills = Counter::default();
         let errors = Family::<KindLabel, Counter>::default();
@@ -109,6 +126,11 @@ impl Metrics {
             "proxy_duration_seconds",
             "Time from a proxied request to its upstream response head",
             proxy_seconds.clone(),
+        );
+        registry.register(
+            "proxy_requests",
+            "Proxied requests, by the path that served them (relay: the fast path; hyper: the rest)",
+            proxy_requests,
         );
         registry.register(
             "reaped",
@@ -181,6 +203,8 @@ impl Metrics {
             create_seconds,
             delete_seconds,
             proxy_seconds,
+            proxy_relayed,
+            proxy_via_hyper,
             reaped,
             oom_kills,
             errors,

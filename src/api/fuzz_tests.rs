@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
-use hyper_util::server::graceful::GracefulShutdown;
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -56,8 +55,8 @@ fn state() -> Arc<AppState> {
 /// written, without answering: its default `half_close(false)`.)
 async fn serve_bytes(state: &Arc<AppState>, input: &[u8], half_close: bool) -> Vec<u8> {
     let (mut client, server) = tokio::io::duplex(1 << 20);
-    let graceful = Arc::new(GracefulShutdown::new());
-    spawn_conn(state, &graceful, server);
+    let (_drain_tx, drain) = tokio::sync::watch::channel(false);
+    spawn_conn(state, &drain, server);
     client.write_all(input).await.unwrap();
     if half_close {
         client.shutdown().await.unwrap();

@@ -12,9 +12,9 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::lifecycle::Lifecycle;
@@ -28,6 +28,7 @@ mod fuzz_tests;
 mod list_tests;
 pub mod openapi;
 pub mod proxy;
+pub mod relay;
 pub mod routes;
 pub mod upstream;
 
@@ -41,8 +42,11 @@ pub struct AppState {
     pub token: auth::Token,
     /// `PROVISIONER_PUBLIC_URL` without trailing slash.
     pub public_url: String,
-    /// Idle upstream connections of closed client connections.
-    pub upstream_pool: Arc<upstream::UpstreamPool>,
+    /// Idle upstream connections of closed client connections (hyper's).
+    pub upstream_pool: Arc<upstream::UpstreamPool<upstream::HyperConn>>,
+    /// Idle upstream connections of closed client connections (the
+    /// relay's).
+    pub relay_pool: relay::RawPool,
     /// Connections that have not authenticated yet (capped, see [`conns`]).
     pub unauth: conns::UnauthConns,
     pub proxy: proxy::ProxySettings,
@@ -93,6 +97,7 @@ impl AppState {
             token,
             public_url,
             upstream_pool: Arc::new(upstream::UpstreamPool::default()),
+            relay_pool: relay::RawPool::default(),
             unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
             proxy,
             list_cache: Default::default(),
@@ -131,13 +136,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
-    let graceful = Arc::new(GracefulShutdown::new());
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // `true` asks every connection to finish its request and close; each
+    // holds a receiver until it is gone.
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
     let mut accept_tasks = Vec::new();
     for l in listeners {
         info!(address = %l.describe(), "listening");
         let state = state.clone();
-        let graceful = graceful.clone();
+        let drain = drain_rx.clone();
         let mut stop = stop_rx.clone();
         accept_tasks.push(tokio::spawn(async move {
             loop {
@@ -146,9 +153,9 @@ pub async fn serve(
                     r = accept(&l) => match r {
                         Ok(Conn::Tcp(s)) => {
                             let _ = s.set_nodelay(true);
-                            spawn_conn(&state, &graceful, s);
+                            spawn_conn(&state, &drain, s);
                         }
-                        Ok(Conn::Unix(s)) => spawn_conn(&state, &graceful, s),
+                        Ok(Conn::Unix(s)) => spawn_conn(&state, &drain, s),
                         Err(e) => {
                             warn!(error = %e, "accept failed");
                             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -158,15 +165,16 @@ pub async fn serve(
             }
         }));
     }
+    drop(drain_rx);
     shutdown.await;
     info!("shutting down: no longer accepting connections");
     let _ = stop_tx.send(true);
     for t in accept_tasks {
         let _ = t.await;
     }
-    let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
+    let _ = drain_tx.send(true);
     tokio::select! {
-        _ = graceful.shutdown() => info!("in-flight requests finished"),
+        _ = drain_tx.closed() => info!("in-flight requests finished"),
         _ = tokio::time::sleep(grace) => warn!(grace_s = grace.as_secs(), "in-flight requests cut at the shutdown deadline"),
     }
 }
@@ -183,7 +191,7 @@ async fn accept(l: &Listener) -> std::io::Result<Conn> {
     }
 }
 
-fn spawn_conn<S>(state: &Arc<AppState>, graceful: &Arc<GracefulShutdown>, stream: S)
+fn spawn_conn<S>(state: &Arc<AppState>, drain: &watch::Receiver<bool>, stream: S)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
@@ -195,19 +203,49 @@ where
             "closed the oldest unauthenticated connection(s) to make room"
         );
     }
+    let state = state.clone();
+    let mut drain = drain.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = serve_conn(&state, stream, conn_id, &mut drain) => {}
+            () = eviction.wait() => {}
+        }
+        state.unauth.forget(conn_id);
+    });
+}
+
+/// Serves one connection: the relay first ([`relay`]), hyper from the
+/// first request the relay leaves to it.
+async fn serve_conn<S>(
+    state: &Arc<AppState>,
+    mut stream: S,
+    conn_id: u64,
+    drain: &mut watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let mut read_ahead = bytes::BytesMut::new();
+    let mut authenticated = false;
+    if state.proxy.relay {
+        let mut relay = relay::Relay::new(state.clone(), conn_id);
+        if relay.serve(&mut stream, &mut read_ahead, drain).await == relay::End::Closed {
+            return;
+        }
+        authenticated = relay.authenticated();
+    }
     let svc_state = state.clone();
     // This connection's upstream connections, driven by its own task.
     let upstreams = Arc::new(upstream::ConnUpstreams::new(state.upstream_pool.clone()));
     let svc_upstreams = upstreams.clone();
     // Set once the connection made an authenticated request: it left the
     // unauthenticated set, and later requests need not look again.
-    let authenticated = AtomicBool::new(false);
+    let authenticated = AtomicBool::new(authenticated);
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(relay::HEADER_READ_TIMEOUT)
         .keep_alive(true)
         .serve_connection(
-            TokioIo::new(stream),
+            TokioIo::new(relay::Prefixed::new(read_ahead.freeze(), stream)),
             service_fn(move |req| {
                 if !authenticated.load(Ordering::Relaxed)
                     && svc_state.token.check(
@@ -222,17 +260,20 @@ where
                 routes::handle(svc_state.clone(), svc_upstreams.clone(), req)
             }),
         );
-    let conn = upstream::Driven::new(graceful.watch(conn), upstreams);
-    let state = state.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            r = conn => {
-                if let Err(e) = r {
-                    debug!(error = %e, "connection ended with an error");
-                }
+    // Graceful shutdown: the request in progress finishes, then the
+    // connection closes.
+    let conn = async move {
+        let mut conn = std::pin::pin!(conn);
+        if !*drain.borrow_and_update() {
+            tokio::select! {
+                r = conn.as_mut() => return r,
+                _ = drain.changed() => {}
             }
-            () = eviction.wait() => {}
         }
-        state.unauth.forget(conn_id);
-    });
+        conn.as_mut().graceful_shutdown();
+        conn.await
+    };
+    if let Err(e) = upstream::Driven::new(conn, upstreams).await {
+        debug!(error = %e, "connection ended with an error");
+    }
 }

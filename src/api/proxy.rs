@@ -64,6 +64,21 @@ static DROP_RESPONSE: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
+/// Whether a request header of this name is never forwarded (the relay's
+/// check, on names as they came).
+pub(super) fn drops_request_header(name: &str) -> bool {
+    DROP_REQUEST
+        .iter()
+        .any(|h| h.as_str().eq_ignore_ascii_case(name))
+}
+
+/// Whether a response header of this name is never copied back.
+pub(super) fn drops_response_header(name: &str) -> bool {
+    DROP_RESPONSE
+        .iter()
+        .any(|h| h.as_str().eq_ignore_ascii_case(name))
+}
+
 /// How the proxy treats responses (from `[proxy]` in the configuration).
 #[derive(Debug, Clone)]
 pub struct ProxySettings {
@@ -74,6 +89,8 @@ pub struct ProxySettings {
     pub head_timeout: Duration,
     /// Longest pause between two frames of a response body.
     pub body_idle_timeout: Duration,
+    /// Plain proxied requests go through the relay ([`super::relay`]).
+    pub relay: bool,
 }
 
 impl ProxySettings {
@@ -82,6 +99,7 @@ impl ProxySettings {
             response_headers: cfg.proxy.response_header_names()?,
             head_timeout: Duration::from_secs(cfg.proxy_head_timeout_seconds()),
             body_idle_timeout: Duration::from_secs(cfg.proxy.body_idle_timeout_seconds),
+            relay: cfg.proxy.relay,
         })
     }
 }
@@ -296,6 +314,7 @@ pub async fn forward(
     rest: &str,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, ApiError> {
+    lifecycle.metrics().proxy_via_hyper.inc();
     let pin = lifecycle.pin(id).await?;
     let record = &pin.record;
     tracing::Span::current().record("generation", record.generation.as_str());
@@ -385,6 +404,14 @@ pub async fn forward(
         .proxy_seconds
         .observe(started.elapsed().as_secs_f64());
 
+    // The forwarded request never asks for an upgrade (`Upgrade` is not
+    // forwarded): a `101` would switch the client's connection to a
+    // protocol nobody agreed on.
+    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        return Err(ApiError::BadGateway(format!(
+            "sandbox {id} unreachable: an upgrade nobody asked for"
+        )));
+    }
     let (mut parts, body) = resp.into_parts();
     allowed_response_headers(&mut parts.headers, &settings.response_headers);
     let body = PinnedBody::new(body, pin, lifecycle.clone(), settings.body_idle_timeout)

@@ -24,7 +24,7 @@ use crate::model::{validate_sandbox_id, CreateRequest, SandboxRecord};
 /// Largest accepted JSON request body.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
 
-const PROXY_METHODS: [Method; 7] = [
+pub(super) const PROXY_METHODS: [Method; 7] = [
     Method::GET,
     Method::POST,
     Method::PUT,
@@ -271,8 +271,25 @@ async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Re
         .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
 }
 
-fn valid_id(id: &str) -> Result<(), ApiError> {
+pub(super) fn valid_id(id: &str) -> Result<(), ApiError> {
     validate_sandbox_id(id).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+/// The answer to a request that failed with `e`: counted, logged (a
+/// server-side failure as a warning) and rendered.
+pub(super) fn failure(
+    state: &AppState,
+    method: &Method,
+    path: &str,
+    e: &ApiError,
+) -> Response<RespBody> {
+    state.lifecycle.metrics().error(e.kind());
+    if e.status().is_server_error() {
+        warn!(%method, %path, status = e.status().as_u16(), error = %e, "request failed");
+    } else {
+        debug!(%method, %path, status = e.status().as_u16(), error = %e, "request refused");
+    }
+    error_response(e)
 }
 
 /// The hyper service function.
@@ -286,15 +303,7 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let resp = match route(&state, &upstreams, req).await {
         Ok(r) => r,
-        Err(e) => {
-            state.lifecycle.metrics().error(e.kind());
-            if e.status().is_server_error() {
-                warn!(%method, %path, status = e.status().as_u16(), error = %e, "request failed");
-            } else {
-                debug!(%method, %path, status = e.status().as_u16(), error = %e, "request refused");
-            }
-            error_response(&e)
-        }
+        Err(e) => failure(&state, &method, &path, &e),
     };
     debug!(%method, %path, status = resp.status().as_u16(),
            elapsed_us = started.elapsed().as_micros() as u64, "request");

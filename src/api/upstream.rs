@@ -55,21 +55,49 @@ pub const PARKED_IDLE: Duration = Duration::from_secs(30);
 type Sender = http1::SendRequest<UpstreamBody>;
 type Connection = http1::Connection<TokioIo<TcpStream>, UpstreamBody>;
 
-/// One upstream HTTP/1 connection: the end requests are sent on and the
-/// connection future that does the I/O.
-struct Upstream {
-    id: String,
-    generation: String,
-    sender: Sender,
-    conn: Pin<Box<Connection>>,
+/// One upstream connection to a sandbox incarnation: `C` is a hyper
+/// client connection ([`HyperConn`]) or, for the relay, the raw stream.
+pub struct Upstream<C> {
+    pub id: String,
+    pub generation: String,
+    pub conn: C,
     /// When it was last used (parked: when it was parked).
-    last_used: Instant,
+    pub last_used: Instant,
 }
 
-impl Upstream {
-    fn is(&self, id: &str, generation: &str) -> bool {
+impl<C> Upstream<C> {
+    pub fn new(id: &str, generation: &str, conn: C) -> Self {
+        Upstream {
+            id: id.to_string(),
+            generation: generation.to_string(),
+            conn,
+            last_used: Instant::now(),
+        }
+    }
+
+    pub fn is(&self, id: &str, generation: &str) -> bool {
         self.id == id && self.generation == generation
     }
+}
+
+/// An upstream HTTP/1 client connection of hyper: the end requests are
+/// sent on and the connection future that does the I/O.
+pub struct HyperConn {
+    sender: Sender,
+    conn: Pin<Box<Connection>>,
+}
+
+/// Adds `u` to the connections a client connection keeps: another
+/// incarnation of the same id is over (its connection goes), and beyond
+/// [`PER_CONNECTION`] the least recently used goes.
+pub fn keep<C>(ups: &mut Vec<Upstream<C>>, u: Upstream<C>) {
+    ups.retain(|o| o.id != u.id);
+    if ups.len() >= PER_CONNECTION {
+        if let Some(i) = (0..ups.len()).min_by_key(|&i| ups[i].last_used) {
+            ups.remove(i);
+        }
+    }
+    ups.push(u);
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -98,21 +126,28 @@ impl UpstreamError {
 }
 
 /// Idle upstream connections of closed client connections.
-#[derive(Default)]
-pub struct UpstreamPool {
-    parked: Mutex<Vec<Upstream>>,
+pub struct UpstreamPool<C> {
+    parked: Mutex<Vec<Upstream<C>>>,
 }
 
-impl UpstreamPool {
+impl<C> Default for UpstreamPool<C> {
+    fn default() -> Self {
+        UpstreamPool {
+            parked: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<C> UpstreamPool<C> {
     /// A parked connection to this incarnation, if one is left.
-    fn take(&self, id: &str, generation: &str) -> Option<Upstream> {
+    pub fn take(&self, id: &str, generation: &str) -> Option<Upstream<C>> {
         let mut parked = lock(&self.parked);
         parked.retain(|u| u.last_used.elapsed() < PARKED_IDLE);
         let i = parked.iter().rposition(|u| u.is(id, generation))?;
         Some(parked.swap_remove(i))
     }
 
-    fn park(&self, ups: impl Iterator<Item = Upstream>) {
+    pub fn park(&self, ups: impl Iterator<Item = Upstream<C>>) {
         let mut parked = lock(&self.parked);
         parked.retain(|u| u.last_used.elapsed() < PARKED_IDLE);
         for mut u in ups {
@@ -141,8 +176,8 @@ impl UpstreamPool {
 /// that connection's task alone (the requests of an HTTP/1 connection are
 /// served one after the other), so it is never contended.
 pub struct ConnUpstreams {
-    ups: Mutex<Vec<Upstream>>,
-    pool: Arc<UpstreamPool>,
+    ups: Mutex<Vec<Upstream<HyperConn>>>,
+    pool: Arc<UpstreamPool<HyperConn>>,
 }
 
 /// Whether [`ConnUpstreams::checkout`] found a ready connection.
@@ -152,7 +187,7 @@ enum Lookup {
 }
 
 impl ConnUpstreams {
-    pub fn new(pool: Arc<UpstreamPool>) -> Self {
+    pub fn new(pool: Arc<UpstreamPool<HyperConn>>) -> Self {
         ConnUpstreams {
             ups: Mutex::new(Vec::new()),
             pool,
@@ -164,7 +199,7 @@ impl ConnUpstreams {
     pub fn poll_connections(&self, cx: &mut Context<'_>) {
         let mut ups = lock(&self.ups);
         let before = ups.len();
-        ups.retain_mut(|u| match u.conn.as_mut().poll(cx) {
+        ups.retain_mut(|u| match u.conn.conn.as_mut().poll(cx) {
             Poll::Ready(r) => {
                 if let Err(e) = r {
                     tracing::debug!(sandbox_id = %u.id, error = %e, "upstream connection failed");
@@ -187,7 +222,7 @@ impl ConnUpstreams {
             let Some(i) = ups.iter().position(|u| u.is(id, generation)) else {
                 return Poll::Ready(Lookup::Missing);
             };
-            match ups[i].sender.poll_ready(cx) {
+            match ups[i].conn.sender.poll_ready(cx) {
                 Poll::Ready(Ok(())) => Poll::Ready(Lookup::Ready),
                 Poll::Ready(Err(_)) => {
                     ups.remove(i);
@@ -199,16 +234,8 @@ impl ConnUpstreams {
         .await
     }
 
-    fn insert(&self, u: Upstream) {
-        let mut ups = lock(&self.ups);
-        // Another incarnation of the same id is over.
-        ups.retain(|o| o.id != u.id);
-        if ups.len() >= PER_CONNECTION {
-            if let Some(i) = (0..ups.len()).min_by_key(|&i| ups[i].last_used) {
-                ups.remove(i);
-            }
-        }
-        ups.push(u);
+    fn insert(&self, u: Upstream<HyperConn>) {
+        keep(&mut lock(&self.ups), u);
     }
 
     fn remove(&self, id: &str, generation: &str) {
@@ -242,13 +269,14 @@ impl ConnUpstreams {
                         .handshake(TokioIo::new(stream))
                         .await
                         .map_err(|e| UpstreamError::http(&e))?;
-                    Upstream {
-                        id: id.to_string(),
-                        generation: generation.to_string(),
-                        sender,
-                        conn: Box::pin(conn),
-                        last_used: Instant::now(),
-                    }
+                    Upstream::new(
+                        id,
+                        generation,
+                        HyperConn {
+                            sender,
+                            conn: Box::pin(conn),
+                        },
+                    )
                 }
             };
             self.insert(up);
@@ -276,7 +304,7 @@ impl ConnUpstreams {
                     .find(|u| u.is(id, generation))
                     .expect("checked out just now, in this task");
                 u.last_used = Instant::now();
-                u.sender.try_send_request(req)
+                u.conn.sender.try_send_request(req)
             };
             match sent.await {
                 Ok(resp) => return Ok(resp),
@@ -300,7 +328,7 @@ impl Drop for ConnUpstreams {
         let ups = std::mem::take(&mut *lock(&self.ups));
         // Only idle connections can serve another request.
         self.pool
-            .park(ups.into_iter().filter(|u| u.sender.is_ready()));
+            .park(ups.into_iter().filter(|u| u.conn.sender.is_ready()));
     }
 }
 

@@ -48,6 +48,7 @@ mod network;
 mod openapi;
 mod operator;
 mod package;
+mod relay;
 mod seccomp_cli;
 mod seccomp_probe;
 mod seccomp_runc;
