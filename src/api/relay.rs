@@ -70,9 +70,11 @@ pub const MAX_HEAD: usize = 64 * 1024;
 pub const MAX_BODY: usize = 64 * 1024;
 /// Longest response head accepted from a sandbox.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-/// Most headers in a request (more: hyper's turn) or a response (more:
-/// 502).
+/// Most headers in a request the relay serves (more: hyper's turn).
 const MAX_HEADERS: usize = 64;
+/// Most headers in a response from a sandbox (more: 502), as hyper's
+/// client allows.
+const MAX_RESPONSE_HEADERS: usize = 100;
 /// Longest line of a chunked body (size and extensions, or a trailer).
 const MAX_CHUNK_LINE: usize = 4096;
 /// Room made in a buffer before each read.
@@ -383,7 +385,7 @@ impl Relay {
                 n => buf.split_to(n).freeze(),
             };
             let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-            let status = match self.exchange(io, &head, &body).await {
+            let status = match self.exchange(io, buf, &head, &body).await {
                 Ok((status, Outcome::Done)) => status,
                 Ok((_, Outcome::Aborted)) => return End::Closed,
                 Err(e) => {
@@ -541,7 +543,7 @@ impl Relay {
         };
         self.ubuf.clear();
         loop {
-            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
             let mut resp = httparse::Response::new(&mut headers);
             match resp.parse(&self.ubuf) {
                 Ok(httparse::Status::Complete(n)) => {
@@ -585,7 +587,7 @@ impl Relay {
         id: &str,
     ) -> Result<(StatusCode, Framing, bool), ApiError> {
         let bad = |msg: &str| ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"));
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
         resp.parse(&self.ubuf[..n])
             .map_err(|_| bad("invalid response head"))?;
@@ -682,11 +684,12 @@ impl Relay {
     async fn exchange<S>(
         &mut self,
         io: &mut S,
+        buf: &mut BytesMut,
         head: &Head,
         body: &Bytes,
     ) -> Result<(StatusCode, Outcome), ApiError>
     where
-        S: AsyncWrite + Unpin,
+        S: AsyncRead + AsyncWrite + Unpin,
     {
         let lc = self.state.lifecycle.clone();
         lc.metrics().proxy_relayed.inc();
@@ -731,18 +734,40 @@ impl Relay {
         };
         let cancelled = pin.cancellation();
         tokio::pin!(cancelled);
-        let sent = tokio::select! {
-            biased;
-            () = &mut cancelled => Err(ApiError::BadGateway(format!(
-                "sandbox {id} unreachable: deleted while the request was in flight"
-            ))),
-            r = self.send(id, &record.generation) => r,
-            () = deadline.passed() => Err(ApiError::GatewayTimeout(format!(
-                "sandbox {id} did not answer within {} s",
-                head_timeout.as_secs()
-            ))),
+        // While the sandbox has not answered, the client is watched: a
+        // client that goes away (or half-closes, as hyper's server takes
+        // it) abandons the request, and the sandbox's connection is closed.
+        // What it sends meanwhile (a pipelined request) is kept in `buf`,
+        // up to a bound.
+        let watch_limit = buf.len() + MAX_HEAD + MAX_BODY;
+        let mut watching = true;
+        // `None`: the client went away.
+        let sent = {
+            let send = self.send(id, &record.generation);
+            tokio::pin!(send);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut cancelled => break Some(Err(ApiError::BadGateway(format!(
+                        "sandbox {id} unreachable: deleted while the request was in flight"
+                    )))),
+                    r = &mut send => break Some(r),
+                    () = deadline.passed() => break Some(Err(ApiError::GatewayTimeout(format!(
+                        "sandbox {id} did not answer within {} s",
+                        head_timeout.as_secs()
+                    )))),
+                    r = read_more(io, buf), if watching => match r {
+                        Ok(0) | Err(_) => break None,
+                        Ok(_) => watching = buf.len() < watch_limit,
+                    },
+                }
+            }
         };
         self.head_deadline = Some(deadline);
+        let Some(sent) = sent else {
+            debug!(sandbox_id = %id, "the client went away before the response head");
+            return Ok((StatusCode::BAD_GATEWAY, Outcome::Aborted));
+        };
         let (mut up, n) = sent?;
         lc.metrics()
             .proxy_seconds

@@ -89,8 +89,11 @@ async fn scripted() -> (
                     let _ = tx.send((conn, path.clone()));
                     let name = path.rsplit('/').next().unwrap().to_string();
                     if name == "hang" {
-                        // Never answers; holds the connection.
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        // Never answers; reports when the daemon closes
+                        // the connection.
+                        let mut rest = [0u8; 1024];
+                        while matches!(s.read(&mut rest).await, Ok(n) if n > 0) {}
+                        let _ = tx.send((conn, "closed".to_string()));
                         return;
                     }
                     if name == "drop-idle" {
@@ -537,4 +540,48 @@ async fn the_head_timeout_counts_from_each_request() {
     );
     assert_eq!(exchange(&mut conn, "length", "GET").await.status, 200);
     assert_eq!(metric(&d, "relay").await, 4);
+}
+
+/// A client that goes away (or half-closes, which hyper's server takes the
+/// same way) while the sandbox has not answered abandons the request: the
+/// daemon closes the sandbox's connection at once, on both paths.
+#[tokio::test]
+async fn a_client_that_goes_away_abandons_its_request() {
+    for relay in ["true", "false"] {
+        let (d, mut rx) = daemon(&[("SANDBOXD_PROXY_RELAY", relay)]).await;
+        for half_close in [false, true] {
+            let mut c = TcpStream::connect(d.addr).await.unwrap();
+            c.write_all(get("/api/sandboxes/rl/proxy/hang", "").as_bytes())
+                .await
+                .unwrap();
+            let (conn, path) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("the request reached the sandbox")
+                .unwrap();
+            assert_eq!(path, "/rl/hang");
+            if half_close {
+                c.shutdown().await.unwrap();
+                let mut rest = Vec::new();
+                let n = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest))
+                    .await
+                    .expect("the daemon closed the connection")
+                    .unwrap_or(0);
+                assert_eq!(n, 0, "relay={relay}: {:?}", String::from_utf8_lossy(&rest));
+            } else {
+                drop(c);
+            }
+            let closed = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("relay={relay} half_close={half_close}: the sandbox's connection stayed open")
+                })
+                .unwrap();
+            assert_eq!(closed, (conn, "closed".to_string()));
+        }
+        // Nothing stays pinned: the delete does not wait.
+        let started = std::time::Instant::now();
+        let (s, _) = d.json("DELETE", "/api/sandboxes/rl", None).await;
+        assert_eq!(s, 200);
+        assert!(started.elapsed() < Duration::from_secs(5), "relay={relay}");
+    }
 }
