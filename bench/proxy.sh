@@ -6,8 +6,9 @@
 # the same nginx; the relay, its fast path, on as by default) and through
 # sandboxd with the relay off (`SANDBOXD_PROXY_RELAY=false`: every request
 # through hyper), all measured in one run with wrk. For each connection
-# count the four runs go back to back, ROUNDS times over, and each figure
-# is the median of its rounds (the machine is shared and noisy). Writes
+# count the four runs go back to back, ROUNDS times over (the three proxies
+# in a rotating order), and each figure is the median of its rounds (the
+# machine is shared and noisy). Writes
 # the figures into docs/performance.md between the PROXY markers. Needs
 # root only for apt-get (wrk, nginx-light).
 #
@@ -112,9 +113,20 @@ for c in 1 8; do
     : > "$work/runs"
     for r in $(seq "$rounds"); do
         echo "d $(run "$c" "$t" "$direct")" >> "$work/runs"
-        echo "n $(run "$c" "$t" "$via_nginx")" >> "$work/runs"
-        echo "p $(run "$c" "$t" "$proxied" -H "Authorization: Bearer $token")" >> "$work/runs"
-        echo "h $(run "$c" "$t" "$via_hyper" -H "Authorization: Bearer $token")" >> "$work/runs"
+        # The three proxies in a different order each round: a run right
+        # after another measured slower here, whichever proxy it was.
+        case $(( r % 3 )) in
+            1) order="n p h" ;;
+            2) order="p h n" ;;
+            0) order="h n p" ;;
+        esac
+        for k in $order; do
+            case $k in
+                n) echo "n $(run "$c" "$t" "$via_nginx")" ;;
+                p) echo "p $(run "$c" "$t" "$proxied" -H "Authorization: Bearer $token")" ;;
+                h) echo "h $(run "$c" "$t" "$via_hyper" -H "Authorization: Bearer $token")" ;;
+            esac >> "$work/runs"
+        done
     done
     # fig KIND COLUMN: the median of one figure over the rounds.
     fig() { awk -v k="$1" -v col="$2" '$1==k { print $col }' "$work/runs" | median; }
@@ -134,7 +146,7 @@ Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(uname -r)), \`bash bench/prox
 upstream returning 3 bytes; nginx \`proxy_pass\` ($(nproc) workers, upstream keep-alive) and sandboxd's proxy (release build,
 memory backend) in front of the same upstream, sandboxd once with the relay (the default) and once without
 (\`SANDBOXD_PROXY_RELAY=false\`, every request through hyper); for each connection count the four runs back to back,
-${rounds} rounds, each figure the median of its rounds.
+${rounds} rounds with the three proxies in a rotating order, each figure the median of its rounds.
 
 | conns | direct req/s | direct p50 µs | nginx req/s | nginx p50 µs | nginx added p50 µs | sandboxd req/s | sandboxd p50 µs | sandboxd p99 µs | sandboxd added p50 µs | sandboxd / nginx req/s | relay off req/s | relay off added p50 µs |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
