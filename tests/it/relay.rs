@@ -585,3 +585,47 @@ async fn a_client_that_goes_away_abandons_its_request() {
         assert!(started.elapsed() < Duration::from_secs(5), "relay={relay}");
     }
 }
+
+/// The relay serves the Unix socket listener too: proxied requests on a
+/// kept connection, then a hand-off to hyper for another route.
+#[tokio::test]
+async fn the_unix_socket_is_served_by_the_relay_too() {
+    let (up, _rx) = scripted().await;
+    let template = format!("http://{up}/{{sandbox_id}}");
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let d = Daemon::start(
+        &[
+            ("PROVISIONER_BACKEND", "memory"),
+            ("MEMORY_SANDBOX_URL_TEMPLATE", template.as_str()),
+        ],
+        &["--unix-socket", sock.to_str().unwrap()],
+    );
+    assert!(d.wait_log("unix:", Duration::from_secs(5)));
+    let (s, _) = d
+        .json("POST", "/api/sandboxes", Some(create_body("rl", "t", "u")))
+        .await;
+    assert_eq!(s, 200);
+    let mut c = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let all = [
+        get("/api/sandboxes/rl/proxy/length", ""),
+        get("/api/sandboxes/rl/proxy/chunked", ""),
+        get("/api/sandboxes", "connection: close\r\n"),
+    ]
+    .concat();
+    c.write_all(all.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out))
+        .await
+        .expect("answers within 10 s")
+        .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{text}");
+    assert!(text.contains("\r\n\r\nhello"), "{text}");
+    assert!(
+        text.contains("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("\"count\":1"), "{text}");
+    assert_eq!(metric(&d, "relay").await, 2);
+}
