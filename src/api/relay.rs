@@ -59,7 +59,7 @@ use tracing::debug;
 
 use super::error::ApiError;
 use super::routes::{self, Route, PROXY_METHODS};
-use super::upstream::{self, Upstream, UpstreamPool};
+use super::upstream::{self, Reusable, Upstream, UpstreamPool};
 use super::{AppState, RespBody};
 use crate::lifecycle::{LifecycleError, ProxyPin};
 
@@ -267,21 +267,6 @@ fn push_status(out: &mut Vec<u8>, date: &mut (u64, String), status: StatusCode, 
         *date = (secs, httpdate::fmt_http_date(now));
     }
     push_header(out, "date", date.1.as_bytes());
-}
-
-/// Whether `s`, kept idle, is still open with nothing unread: a
-/// connection the sandbox closed (or wrote to out of turn) is not reused.
-/// Costs no system call while the socket has not become readable.
-fn still_open(s: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-    match s.poll_read_ready(&mut cx) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => {
-            let mut b = [0u8; 1];
-            matches!(s.try_read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-        }
-    }
 }
 
 /// Reads more into `buf`; `Ok(0)` at end of stream.
@@ -505,14 +490,13 @@ impl Relay {
     ) -> Result<(Upstream<TcpStream>, bool), crate::backend::BackendError> {
         if let Some(i) = self.ups.iter().position(|u| u.is(id, generation)) {
             let u = self.ups.swap_remove(i);
-            if still_open(&u.conn) {
+            if u.conn.reusable() {
                 return Ok((u, false));
             }
         }
-        while let Some(u) = self.state.relay_pool.take(id, generation) {
-            if still_open(&u.conn) {
-                return Ok((u, false));
-            }
+        // The pool hands out reusable connections only.
+        if let Some(u) = self.state.relay_pool.take(id, generation) {
+            return Ok((u, false));
         }
         let stream = self.state.lifecycle.connect(id, generation).await?.stream;
         let _ = stream.set_nodelay(true);
@@ -780,6 +764,9 @@ impl Relay {
         let outcome = match done {
             Ok(()) => {
                 if keep_alive && self.ubuf.is_empty() {
+                    // Connections to sandboxes deleted meanwhile go now,
+                    // not when this client connection closes.
+                    self.ups.retain(|o| o.conn.reusable());
                     upstream::keep(&mut self.ups, up);
                 }
                 Outcome::Done

@@ -87,6 +87,36 @@ pub struct HyperConn {
     conn: Pin<Box<Connection>>,
 }
 
+/// Whether an idle upstream connection can still carry a request: one the
+/// sandbox closed (deleted, or its server's keep-alive ran out) cannot, and
+/// is not kept or parked.
+pub trait Reusable {
+    fn reusable(&self) -> bool;
+}
+
+impl Reusable for HyperConn {
+    fn reusable(&self) -> bool {
+        self.sender.is_ready()
+    }
+}
+
+impl Reusable for TcpStream {
+    /// Still open with nothing unread (a sandbox that wrote out of turn is
+    /// not trusted with the next request). No system call while the socket
+    /// has not become readable.
+    fn reusable(&self) -> bool {
+        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        match self.poll_read_ready(&mut cx) {
+            std::task::Poll::Pending => true,
+            std::task::Poll::Ready(Err(_)) => false,
+            std::task::Poll::Ready(Ok(())) => {
+                let mut b = [0u8; 1];
+                matches!(self.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+}
+
 /// Adds `u` to the connections a client connection keeps: another
 /// incarnation of the same id is over (its connection goes), and beyond
 /// [`PER_CONNECTION`] the least recently used goes.
@@ -138,19 +168,26 @@ impl<C> Default for UpstreamPool<C> {
     }
 }
 
-impl<C> UpstreamPool<C> {
-    /// A parked connection to this incarnation, if one is left.
+/// Whether a parked connection is still worth keeping.
+fn worth_keeping<C: Reusable>(u: &Upstream<C>) -> bool {
+    u.last_used.elapsed() < PARKED_IDLE && u.conn.reusable()
+}
+
+impl<C: Reusable> UpstreamPool<C> {
+    /// A parked connection to this incarnation, if one is left. Parked
+    /// connections that expired or were closed by their sandbox (deleted
+    /// meanwhile) go on the way.
     pub fn take(&self, id: &str, generation: &str) -> Option<Upstream<C>> {
         let mut parked = lock(&self.parked);
-        parked.retain(|u| u.last_used.elapsed() < PARKED_IDLE);
+        parked.retain(worth_keeping);
         let i = parked.iter().rposition(|u| u.is(id, generation))?;
         Some(parked.swap_remove(i))
     }
 
     pub fn park(&self, ups: impl Iterator<Item = Upstream<C>>) {
         let mut parked = lock(&self.parked);
-        parked.retain(|u| u.last_used.elapsed() < PARKED_IDLE);
-        for mut u in ups {
+        parked.retain(worth_keeping);
+        for mut u in ups.filter(|u| u.conn.reusable()) {
             let same = parked.iter().filter(|p| p.is(&u.id, &u.generation)).count();
             if same >= PARKED_PER_INCARNATION {
                 continue;

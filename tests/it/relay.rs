@@ -629,3 +629,41 @@ async fn the_unix_socket_is_served_by_the_relay_too() {
     assert!(text.contains("\"count\":1"), "{text}");
     assert_eq!(metric(&d, "relay").await, 2);
 }
+
+/// An upstream connection the sandbox closed while it was kept (deleted,
+/// or a short keep-alive) is let go at the next response on that client
+/// connection, not held until the client leaves.
+#[tokio::test]
+async fn kept_connections_closed_by_the_sandbox_are_let_go() {
+    let (d, _rx) = daemon(&[]).await;
+    let (s, _) = d
+        .json("POST", "/api/sandboxes", Some(create_body("rl2", "t", "u")))
+        .await;
+    assert_eq!(s, 200);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .unwrap()
+            .count()
+    };
+    let mut c = TcpStream::connect(d.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let mut ask = async |path: &str| {
+        c.write_all(get(path, "").as_bytes()).await.unwrap();
+        let r = read_response(&mut c, &mut buf, false).await.unwrap();
+        assert_eq!(r.status, 200);
+    };
+    ask("/api/sandboxes/rl2/proxy/length").await;
+    // Kept: the connection to rl2; then one to rl that its server closes
+    // 100 ms after answering.
+    ask("/api/sandboxes/rl/proxy/drop-idle").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = fds();
+    // Reuses the connection to rl2 (no new fd) and lets the closed one go.
+    ask("/api/sandboxes/rl2/proxy/length").await;
+    // (The relay tidies up just after the response is written.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while fds() != before - 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fds(), before - 1, "the closed upstream connection was kept");
+}
