@@ -92,27 +92,48 @@ via_nginx="http://127.0.0.1:$ngx_port/small"
 proxied="http://127.0.0.1:$prov_port/api/sandboxes/bench/proxy/small"
 via_hyper="http://127.0.0.1:$hyper_port/api/sandboxes/bench/proxy/small"
 
-# Prints "rps p50_us p99_us" for one wrk run.
+# The CPU time (user + system, clock ticks) the processes PIDS... used so far.
+ticks() {
+    local t=0 p
+    for p in "$@"; do
+        t=$((t + $(awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$p/stat")))
+    done
+    echo "$t"
+}
+
+# Prints "rps p50_us p99_us cpu_us_per_request" for one wrk run; the CPU is
+# that of the processes whose PIDs are in the variable named by PIDS_VAR.
 run() {
-    local conns=$1 threads=$2 url=$3; shift 3
+    local conns=$1 threads=$2 url=$3 pids_var=$4; shift 4
+    local -n pids=$pids_var
+    local before after
+    before=$(ticks "${pids[@]}")
     wrk -t"$threads" -c"$conns" -d"${dur}s" --latency "$@" "$url" > "$work/wrk.out"
-    awk '
+    after=$(ticks "${pids[@]}")
+    awk -v cpu=$((after - before)) -v hz="$(getconf CLK_TCK)" '
         function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return (v+0)*1000; if (v ~ /s$/) return (v+0)*1000000; return v }
         /Requests\/sec/ { rps=$2 }
+        / requests in / { n=$1 }
         $1=="50%" { p50=us($2) }
         $1=="99%" { p99=us($2) }
-        END { printf "%.0f %.0f %.0f\n", rps, p50, p99 }' "$work/wrk.out"
+        END { printf "%.0f %.0f %.0f %.1f\n", rps, p50, p99, (n ? cpu / hz * 1000000 / n : 0) }' "$work/wrk.out"
 }
 
 # The median of the numbers on stdin.
 median() { sort -n | awk '{v[NR]=$1} END { print v[int((NR+1)/2)] }'; }
+
+# Whose CPU each run counts: nginx proxy_pass's workers, each sandboxd.
+no_pids=()
+ngx_pids=($(pgrep -P "$(cat "$work/nginx-proxy.pid")"))
+sbd_pids=("$sbd")
+hyper_pids=("$sbd_hyper")
 
 rows=""
 for c in 1 8; do
     t=$([ "$c" = 1 ] && echo 1 || echo 2)
     : > "$work/runs"
     for r in $(seq "$rounds"); do
-        echo "d $(run "$c" "$t" "$direct")" >> "$work/runs"
+        echo "d $(run "$c" "$t" "$direct" no_pids)" >> "$work/runs"
         # The three proxies in a different order each round: a run right
         # after another measured slower here, whichever proxy it was.
         case $(( r % 3 )) in
@@ -122,22 +143,22 @@ for c in 1 8; do
         esac
         for k in $order; do
             case $k in
-                n) echo "n $(run "$c" "$t" "$via_nginx")" ;;
-                p) echo "p $(run "$c" "$t" "$proxied" -H "Authorization: Bearer $token")" ;;
-                h) echo "h $(run "$c" "$t" "$via_hyper" -H "Authorization: Bearer $token")" ;;
+                n) echo "n $(run "$c" "$t" "$via_nginx" ngx_pids)" ;;
+                p) echo "p $(run "$c" "$t" "$proxied" sbd_pids -H "Authorization: Bearer $token")" ;;
+                h) echo "h $(run "$c" "$t" "$via_hyper" hyper_pids -H "Authorization: Bearer $token")" ;;
             esac >> "$work/runs"
         done
     done
     # fig KIND COLUMN: the median of one figure over the rounds.
     fig() { awk -v k="$1" -v col="$2" '$1==k { print $col }' "$work/runs" | median; }
     d_rps=$(fig d 2); d_p50=$(fig d 3)
-    n_rps=$(fig n 2); n_p50=$(fig n 3)
-    p_rps=$(fig p 2); p_p50=$(fig p 3); p_p99=$(fig p 4)
+    n_rps=$(fig n 2); n_p50=$(fig n 3); n_cpu=$(fig n 5)
+    p_rps=$(fig p 2); p_p50=$(fig p 3); p_p99=$(fig p 4); p_cpu=$(fig p 5)
     h_rps=$(fig h 2); h_p50=$(fig h 3)
     vs_nginx=$(awk -v a="$p_rps" -v b="$n_rps" 'BEGIN{printf "%.2f", a/b}')
     n_added=$((n_p50 - d_p50)); p_added=$((p_p50 - d_p50)); h_added=$((h_p50 - d_p50))
-    rows+="| $c | $d_rps | $d_p50 | $n_rps | $n_p50 | $n_added | $p_rps | $p_p50 | $p_p99 | $p_added | $vs_nginx | $h_rps | $h_added |"$'\n'
-    echo "conns=$c direct: $d_rps req/s p50 ${d_p50}us | nginx: $n_rps req/s p50 ${n_p50}us (+${n_added}) | sandboxd: $p_rps req/s p50 ${p_p50}us p99 ${p_p99}us (+${p_added}) | sandboxd/nginx $vs_nginx | relay off: $h_rps req/s (+${h_added})"
+    rows+="| $c | $d_rps | $d_p50 | $n_rps | $n_p50 | $n_added | $n_cpu | $p_rps | $p_p50 | $p_p99 | $p_added | $p_cpu | $vs_nginx | $h_rps | $h_added |"$'\n'
+    echo "conns=$c direct: $d_rps req/s p50 ${d_p50}us | nginx: $n_rps req/s p50 ${n_p50}us (+${n_added}) ${n_cpu}us CPU/req | sandboxd: $p_rps req/s p50 ${p_p50}us p99 ${p_p99}us (+${p_added}) ${p_cpu}us CPU/req | sandboxd/nginx $vs_nginx | relay off: $h_rps req/s (+${h_added})"
 done
 
 section=$(cat <<MD
@@ -146,10 +167,11 @@ Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(uname -r)), \`bash bench/prox
 upstream returning 3 bytes; nginx \`proxy_pass\` ($(nproc) workers, upstream keep-alive) and sandboxd's proxy (release build,
 memory backend) in front of the same upstream, sandboxd once with the relay (the default) and once without
 (\`SANDBOXD_PROXY_RELAY=false\`, every request through hyper); for each connection count the four runs back to back,
-${rounds} rounds with the three proxies in a rotating order, each figure the median of its rounds.
+${rounds} rounds with the three proxies in a rotating order, each figure the median of its rounds; CPU is the
+proxy's user + system time over the run (\`/proc/<pid>/stat\`, all of nginx's workers) divided by the requests served.
 
-| conns | direct req/s | direct p50 µs | nginx req/s | nginx p50 µs | nginx added p50 µs | sandboxd req/s | sandboxd p50 µs | sandboxd p99 µs | sandboxd added p50 µs | sandboxd / nginx req/s | relay off req/s | relay off added p50 µs |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| conns | direct req/s | direct p50 µs | nginx req/s | nginx p50 µs | nginx added p50 µs | nginx CPU µs/req | sandboxd req/s | sandboxd p50 µs | sandboxd p99 µs | sandboxd added p50 µs | sandboxd CPU µs/req | sandboxd / nginx req/s | relay off req/s | relay off added p50 µs |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 ${rows}
 Goal: sandboxd ≥ nginx \`proxy_pass\` in req/s and ≤ nginx in added p50.
 <!-- PROXY:END -->

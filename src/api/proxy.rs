@@ -64,19 +64,82 @@ static DROP_RESPONSE: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-/// Whether a request header of this name is never forwarded (the relay's
-/// check, on names as they came).
-pub(super) fn drops_request_header(name: &str) -> bool {
-    DROP_REQUEST
-        .iter()
-        .any(|h| h.as_str().eq_ignore_ascii_case(name))
+/// The header names the relay tells apart, as [`known`] classifies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Known {
+    Authorization,
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    Upgrade,
+    Expect,
+    Host,
+    Date,
+    /// `keep-alive`, `proxy-connection`, `te`, `trailer`: hop-by-hop both
+    /// ways.
+    HopByHop,
+    ProxyAuthorization,
+    ProxyAuthenticate,
+    /// The agent credential's header (set by the proxy alone).
+    Credential,
+    Other,
 }
 
-/// Whether a response header of this name is never copied back.
-pub(super) fn drops_response_header(name: &str) -> bool {
-    DROP_RESPONSE
-        .iter()
-        .any(|h| h.as_str().eq_ignore_ascii_case(name))
+/// Classifies a header name (ASCII case-insensitive) in one pass: the
+/// relay's per-header check, instead of comparing each name against each
+/// list. Only names of a known length are compared at all.
+pub(super) fn known(name: &str) -> Known {
+    let b = name.as_bytes();
+    let is = |n: &str| b.eq_ignore_ascii_case(n.as_bytes());
+    match b.len() {
+        2 if is("te") => Known::HopByHop,
+        4 if is("host") => Known::Host,
+        4 if is("date") => Known::Date,
+        6 if is("expect") => Known::Expect,
+        7 if is("upgrade") => Known::Upgrade,
+        7 if is("trailer") => Known::HopByHop,
+        10 if is("connection") => Known::Connection,
+        10 if is("keep-alive") => Known::HopByHop,
+        13 if is("authorization") => Known::Authorization,
+        14 if is("content-length") => Known::ContentLength,
+        16 if is("proxy-connection") => Known::HopByHop,
+        17 if is("transfer-encoding") => Known::TransferEncoding,
+        18 if is("proxy-authenticate") => Known::ProxyAuthenticate,
+        19 if is("proxy-authorization") => Known::ProxyAuthorization,
+        n if n == sandbox_abi::credential::HEADER.len() && is(sandbox_abi::credential::HEADER) => {
+            Known::Credential
+        }
+        _ => Known::Other,
+    }
+}
+
+impl Known {
+    /// Never forwarded to a sandbox ([`DROP_REQUEST`]).
+    pub(super) fn dropped_from_requests(self) -> bool {
+        matches!(
+            self,
+            Known::Credential
+                | Known::Authorization
+                | Known::Connection
+                | Known::HopByHop
+                | Known::ProxyAuthorization
+                | Known::TransferEncoding
+                | Known::Upgrade
+                | Known::Host
+        )
+    }
+
+    /// Never copied back from a sandbox ([`DROP_RESPONSE`]).
+    pub(super) fn dropped_from_responses(self) -> bool {
+        matches!(
+            self,
+            Known::Connection
+                | Known::HopByHop
+                | Known::ProxyAuthenticate
+                | Known::TransferEncoding
+                | Known::Upgrade
+        )
+    }
 }
 
 /// How the proxy treats responses (from `[proxy]` in the configuration).
@@ -174,7 +237,6 @@ struct PinnedBody {
     inner: Incoming,
     /// Taken when the response is over.
     pin: Option<ProxyPin>,
-    lifecycle: Arc<Lifecycle>,
     cancelled: Pin<Box<dyn Future<Output = ()> + Send>>,
     idle: Duration,
     /// When the body is cut unless a frame comes; made the first time the
@@ -185,12 +247,11 @@ struct PinnedBody {
 }
 
 impl PinnedBody {
-    fn new(inner: Incoming, pin: ProxyPin, lifecycle: Arc<Lifecycle>, idle: Duration) -> Self {
+    fn new(inner: Incoming, pin: ProxyPin, idle: Duration) -> Self {
         PinnedBody {
             inner,
             cancelled: Box::pin(pin.cancellation()),
             pin: Some(pin),
-            lifecycle,
             idle,
             idle_deadline: tokio::time::Instant::now() + idle,
             idle_timer: None,
@@ -209,9 +270,7 @@ impl PinnedBody {
     fn finish(&mut self) {
         if let Some(pin) = self.pin.take() {
             if !pin.is_cancelled() {
-                let r = &pin.record;
-                self.lifecycle
-                    .touch_generation(&r.sandbox_id, &r.generation);
+                pin.touch();
             }
         }
     }
@@ -414,7 +473,7 @@ pub async fn forward(
     }
     let (mut parts, body) = resp.into_parts();
     allowed_response_headers(&mut parts.headers, &settings.response_headers);
-    let body = PinnedBody::new(body, pin, lifecycle.clone(), settings.body_idle_timeout)
+    let body = PinnedBody::new(body, pin, settings.body_idle_timeout)
         .map_err(|e| Box::new(e) as super::BoxError)
         .boxed_unsync();
     Ok(Response::from_parts(parts, body))
@@ -466,5 +525,65 @@ mod tests {
         );
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-a"));
+    }
+
+    /// The relay's classifier drops exactly what the hyper path's lists
+    /// drop, whatever the case of the name.
+    #[test]
+    fn the_classifier_agrees_with_the_drop_lists() {
+        let listed = |list: &[HeaderName], n: &str| list.iter().any(|h| h.as_str() == n);
+        let mut names: Vec<String> = DROP_REQUEST
+            .iter()
+            .chain(&DROP_RESPONSE)
+            .map(|h| h.as_str().to_string())
+            .collect();
+        names.extend(
+            [
+                "content-length",
+                "content-type",
+                "expect",
+                "date",
+                "etag",
+                "x-sandbox-agent-credentials",
+                "x-sandbox-agent-credentia",
+                "tee",
+                "t",
+                "",
+                "a-very-long-header-name-longer-than-any-known-one",
+            ]
+            .map(String::from),
+        );
+        for n in &names {
+            for form in [n.clone(), n.to_ascii_uppercase(), capitalized(n)] {
+                let k = known(&form);
+                assert_eq!(
+                    k.dropped_from_requests(),
+                    listed(&DROP_REQUEST, n),
+                    "{form}"
+                );
+                assert_eq!(
+                    k.dropped_from_responses(),
+                    listed(&DROP_RESPONSE, n),
+                    "{form}"
+                );
+            }
+        }
+        assert_eq!(known("Content-Length"), Known::ContentLength);
+        assert_eq!(known("TRANSFER-ENCODING"), Known::TransferEncoding);
+        assert_eq!(known("Expect"), Known::Expect);
+        assert_eq!(known("dAtE"), Known::Date);
+        assert_eq!(known("Content-Type"), Known::Other);
+    }
+
+    fn capitalized(n: &str) -> String {
+        n.split('-')
+            .map(|w| {
+                let mut c = w.chars();
+                c.next()
+                    .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("-")
     }
 }

@@ -58,10 +58,12 @@ use tokio::time::Sleep;
 use tracing::debug;
 
 use super::error::ApiError;
+use super::proxy::{known, Known};
 use super::routes::{self, Route, PROXY_METHODS};
 use super::upstream::{self, Reusable, Upstream, UpstreamPool};
 use super::{AppState, RespBody};
-use crate::lifecycle::{LifecycleError, ProxyPin};
+use crate::lifecycle::{LifecycleError, PinCache, ProxyPin};
+use crate::model::SandboxRecord;
 
 /// Longest request head the relay reads; a longer one goes to hyper.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -98,12 +100,10 @@ pub enum End {
     Handoff,
 }
 
-/// A request the relay serves.
+/// A request the relay serves (its sandbox id and target are in
+/// [`Relay::id`] and [`Relay::target`]).
 struct Head {
     method: Method,
-    id: String,
-    /// The path after `/proxy/`, with `?query` when there is one.
-    target: String,
     content_length: usize,
     /// The client asked to close the connection after this request.
     close: bool,
@@ -142,6 +142,10 @@ pub struct Relay {
     ups: Vec<Upstream<TcpStream>>,
     /// The forwarded headers of the request being served.
     hdrs: Vec<u8>,
+    /// The sandbox id of the request being served.
+    id: String,
+    /// Its path after `/proxy/`, with `?query` when there is one.
+    target: String,
     /// What is written next (upstream request, then client response).
     out: Vec<u8>,
     /// Bytes read from the upstream connection.
@@ -153,6 +157,48 @@ pub struct Relay {
     head_deadline: Option<Deadline>,
     /// The `Date` header's value, made once a second.
     date: (u64, String),
+    /// What admits the next request to the sandbox of the last one
+    /// without a lock shared by all requests.
+    pins: Option<PinCache>,
+    /// What the forwarded requests of the last request's incarnation
+    /// carry (read once per incarnation).
+    incarnation: Option<Incarnation>,
+}
+
+/// What every request forwarded to one incarnation carries: the backend's
+/// path prefix and the agent credential (both fixed for an incarnation).
+struct Incarnation {
+    /// The record it was read for (the same `Arc` while the connection's
+    /// pin cache holds that incarnation).
+    record: Arc<SandboxRecord>,
+    prefix: String,
+    credential: Option<String>,
+}
+
+impl Incarnation {
+    async fn of(
+        lc: &crate::lifecycle::Lifecycle,
+        record: &Arc<SandboxRecord>,
+    ) -> Result<Self, ApiError> {
+        let credential = lc
+            .backend()
+            .agent_credential(record)
+            .await
+            .map_err(LifecycleError::from)?;
+        if let Some(c) = &credential {
+            if http::HeaderValue::from_str(&c.0).is_err() {
+                return Err(ApiError::BadGateway(format!(
+                    "sandbox {}: unusable agent credential",
+                    record.sandbox_id
+                )));
+            }
+        }
+        Ok(Incarnation {
+            record: record.clone(),
+            prefix: lc.backend().path_prefix(record),
+            credential: credential.map(|c| c.0),
+        })
+    }
 }
 
 /// A deadline that moves later at no cost: its timer stays armed at the
@@ -211,8 +257,26 @@ fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// and `%` of percent-encoding). A target with anything else (a fragment,
 /// a space, quotes, braces, non-ASCII) is left to hyper's URI parser.
 fn plain_target_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b)
+    PLAIN_TARGET[b as usize]
 }
+
+/// [`plain_target_byte`] as a table (it runs on every byte of every
+/// relayed target).
+static PLAIN_TARGET: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let extra = b"-._~!$&'()*+,;=:@/?%";
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
 
 /// Whether a `Connection` header among `headers` names `name`.
 fn listed_in_connection(headers: &[httparse::Header<'_>], name: &str) -> bool {
@@ -223,8 +287,58 @@ fn listed_in_connection(headers: &[httparse::Header<'_>], name: &str) -> bool {
         .any(|t| t.eq_ignore_ascii_case(name.as_bytes()))
 }
 
+/// Most names of `Connection` headers gathered (more: each header is
+/// looked up in them instead).
+const MAX_LISTED: usize = 8;
+
+/// The names a message's `Connection` headers list: hop-by-hop by the
+/// sender's word, never passed on. Gathered once per message, so each
+/// header is checked against a few names, not against every header.
+struct ConnectionListed<'h> {
+    names: [&'h [u8]; MAX_LISTED],
+    len: usize,
+    more: bool,
+}
+
+impl<'h> ConnectionListed<'h> {
+    fn new() -> Self {
+        ConnectionListed {
+            names: [&[]; MAX_LISTED],
+            len: 0,
+            more: false,
+        }
+    }
+
+    /// Takes in the value of one `Connection` header.
+    fn add(&mut self, value: &'h [u8]) {
+        for t in tokens(value) {
+            if self.len == MAX_LISTED {
+                self.more = true;
+                return;
+            }
+            self.names[self.len] = t;
+            self.len += 1;
+        }
+    }
+
+    /// Whether the message's `Connection` headers (among `headers`) list
+    /// `name`.
+    fn lists(&self, headers: &[httparse::Header<'_>], name: &str) -> bool {
+        if self.more {
+            return listed_in_connection(headers, name);
+        }
+        self.names[..self.len]
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(name.as_bytes()))
+    }
+}
+
 /// A decimal `Content-Length` (a list of equal values is one value).
 fn content_length(v: &[u8]) -> Option<u64> {
+    // The usual value: digits alone.
+    if !v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit) {
+        return Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')));
+    }
     let mut n = None;
     for t in tokens(v) {
         if t.is_empty() || t.len() > 19 || !t.iter().all(u8::is_ascii_digit) {
@@ -240,12 +354,17 @@ fn content_length(v: &[u8]) -> Option<u64> {
 }
 
 fn push_length(out: &mut Vec<u8>, n: u64) {
-    use std::io::Write;
-    let _ = write!(out, "content-length: {n}\r\n");
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
+/// Appends `name: value` with the name in lower case (as hyper writes
+/// names).
 fn push_header(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend(name.bytes().map(|b| b.to_ascii_lowercase()));
+    let at = out.len();
+    out.extend_from_slice(name.as_bytes());
+    out[at..].make_ascii_lowercase();
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
@@ -259,12 +378,13 @@ fn push_status(out: &mut Vec<u8>, date: &mut (u64, String), status: StatusCode, 
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or(reason).as_bytes());
     out.extend_from_slice(b"\r\n");
-    let now = std::time::SystemTime::now();
-    let secs = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    // The coarse clock (no time-stamp counter read): a `Date` has whole
+    // seconds, and the coarse clock is at most a tick behind.
+    let secs = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)
+        .map_or(0, |t| t.tv_sec().max(0) as u64);
     if date.0 != secs || date.1.is_empty() {
-        *date = (secs, httpdate::fmt_http_date(now));
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+        *date = (secs, httpdate::fmt_http_date(at));
     }
     push_header(out, "date", date.1.as_bytes());
 }
@@ -291,6 +411,117 @@ async fn read_request<S: AsyncRead + Unpin>(
     }
 }
 
+/// What the client's response head says of the response the relay
+/// passes on.
+struct ResponseHead {
+    status: StatusCode,
+    framing: Framing,
+    /// The sandbox's connection may serve another request afterwards.
+    keep_alive: bool,
+}
+
+/// Writes the client's response head for a sandbox's (`resp`) into `out`
+/// (after what it holds): its status, `Date`, the allowed headers and the
+/// relay's own framing.
+fn client_head(
+    out: &mut Vec<u8>,
+    date: &mut (u64, String),
+    allowed: &[http::HeaderName],
+    resp: &httparse::Response<'_, '_>,
+    head_request: bool,
+) -> Result<ResponseHead, &'static str> {
+    let status = resp
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or("invalid status")?;
+    let headers = &*resp.headers;
+    let mut roles = [Known::Other; MAX_RESPONSE_HEADERS];
+    let mut chunked = None;
+    let mut length = None;
+    let mut keep_alive = resp.version == Some(1);
+    let mut listed = ConnectionListed::new();
+    for (h, role) in headers.iter().zip(roles.iter_mut()) {
+        *role = known(h.name);
+        match *role {
+            Known::TransferEncoding => {
+                // The last coding listed decides.
+                if let Some(last) = tokens(h.value).last() {
+                    chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
+                }
+            }
+            Known::ContentLength => match content_length(h.value) {
+                Some(v) if length.map_or(true, |l| l == v) => length = Some(v),
+                _ => return Err("invalid content-length"),
+            },
+            Known::Connection => {
+                listed.add(h.value);
+                for t in tokens(h.value) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        keep_alive = false;
+                    } else if t.eq_ignore_ascii_case(b"keep-alive") && resp.version == Some(0) {
+                        keep_alive = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let framing = if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        Framing::None
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) => Framing::UntilClose,
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::UntilClose,
+        }
+    };
+    if framing == Framing::UntilClose {
+        keep_alive = false;
+    }
+    out.clear();
+    push_status(out, date, status, resp.reason.unwrap_or(""));
+    let mut length_written = false;
+    for (h, role) in headers.iter().zip(&roles) {
+        if role.dropped_from_responses() || listed.lists(headers, h.name) {
+            continue;
+        }
+        match role {
+            Known::ContentLength => {
+                // Framing: kept when it frames the body (or describes the
+                // body a HEAD or 304 would have), once.
+                if matches!(framing, Framing::Chunked | Framing::UntilClose) || length_written {
+                    continue;
+                }
+                length_written = true;
+                if let Some(n) = length {
+                    push_length(out, n);
+                }
+            }
+            // `Date` is the daemon's (written with the status line).
+            Known::Date => {}
+            _ => {
+                if allowed.iter().any(|a| eq(a.as_str(), h.name)) {
+                    push_header(out, h.name, h.value);
+                }
+            }
+        }
+    }
+    if matches!(framing, Framing::Chunked | Framing::UntilClose) {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(ResponseHead {
+        status,
+        framing,
+        keep_alive,
+    })
+}
+
 impl Relay {
     pub fn new(state: Arc<AppState>, conn_id: u64) -> Self {
         Relay {
@@ -299,11 +530,15 @@ impl Relay {
             authenticated: false,
             ups: Vec::new(),
             hdrs: Vec::with_capacity(1024),
+            id: String::new(),
+            target: String::new(),
             out: Vec::with_capacity(4096),
             ubuf: BytesMut::with_capacity(READ_CHUNK),
             read_deadline: Deadline::new(tokio::time::Instant::now() + HEADER_READ_TIMEOUT),
             head_deadline: None,
             date: (0, String::new()),
+            pins: None,
+            incarnation: None,
         }
     }
 
@@ -330,9 +565,10 @@ impl Relay {
         // new one per request would take a lock shared by connections).
         let signalled = shutdown.changed();
         tokio::pin!(signalled);
+        // When the last response ended (the idle time counts from there).
+        let mut ended = tokio::time::Instant::now();
         loop {
-            self.read_deadline
-                .set(tokio::time::Instant::now() + HEADER_READ_TIMEOUT);
+            self.read_deadline.set(ended + HEADER_READ_TIMEOUT);
             let (head, n) = loop {
                 if !buf.is_empty() {
                     match self.parse(buf) {
@@ -370,24 +606,37 @@ impl Relay {
                 n => buf.split_to(n).freeze(),
             };
             let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-            let status = match self.exchange(io, buf, &head, &body).await {
-                Ok((status, Outcome::Done)) => status,
-                Ok((_, Outcome::Aborted)) => return End::Closed,
+            // Out of `self` while the request runs (given back after it:
+            // their buffers serve the next request).
+            let (id, target) = (
+                std::mem::take(&mut self.id),
+                std::mem::take(&mut self.target),
+            );
+            let status = match self.exchange(io, buf, &head, &id, &target, &body).await {
+                Ok((status, Outcome::Done, at)) => {
+                    ended = at;
+                    status
+                }
+                Ok((_, Outcome::Aborted, _)) => return End::Closed,
                 Err(e) => {
                     let status = e.status();
-                    let path = || format!("/api/sandboxes/{}/proxy/{}", head.id, head.target);
+                    let path = || format!("/api/sandboxes/{id}/proxy/{target}");
                     let resp = routes::failure(&self.state, &head.method, &path(), &e);
                     match self.write_full(io, resp, head.method == Method::HEAD).await {
-                        Ok(false) => status,
+                        Ok(false) => {
+                            ended = tokio::time::Instant::now();
+                            status
+                        }
                         _ => return End::Closed,
                     }
                 }
             };
             if let Some(started) = started {
-                debug!(method = %head.method, path = %format!("/api/sandboxes/{}/proxy/{}", head.id, head.target),
+                debug!(method = %head.method, path = %format!("/api/sandboxes/{id}/proxy/{target}"),
                        status = status.as_u16(), elapsed_us = started.elapsed().as_micros() as u64,
                        "request");
             }
+            (self.id, self.target) = (id, target);
             if head.close {
                 let _ = io.shutdown().await;
                 return End::Closed;
@@ -398,9 +647,9 @@ impl Relay {
     /// Parses the request head at the start of `buf` and decides whether
     /// the relay serves it; fills `self.hdrs` with the headers to forward.
     fn parse(&mut self, buf: &[u8]) -> Parsed {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut headers);
-        let n = match req.parse(buf) {
+        let mut headers = [std::mem::MaybeUninit::uninit(); MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        let n = match req.parse_with_uninit_headers(buf, &mut headers) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Parsed::Partial,
             _ => return Parsed::Handoff,
@@ -428,24 +677,28 @@ impl Relay {
             return Parsed::Handoff;
         }
         let headers = &*req.headers;
+        // Each name classified once; what is forwarded decided from that.
+        let mut roles = [Known::Other; MAX_HEADERS];
         let mut auth = None;
         let mut length: Option<u64> = None;
         let mut close = false;
-        for h in headers {
-            if eq(h.name, "authorization") {
-                auth.get_or_insert(h.value);
-            } else if eq(h.name, "content-length") {
-                match content_length(h.value) {
+        let mut listed = ConnectionListed::new();
+        for (h, role) in headers.iter().zip(roles.iter_mut()) {
+            *role = known(h.name);
+            match *role {
+                Known::Authorization => {
+                    auth.get_or_insert(h.value);
+                }
+                Known::ContentLength => match content_length(h.value) {
                     Some(v) if length.map_or(true, |l| l == v) => length = Some(v),
                     _ => return Parsed::Handoff,
+                },
+                Known::TransferEncoding | Known::Upgrade | Known::Expect => return Parsed::Handoff,
+                Known::Connection => {
+                    listed.add(h.value);
+                    close |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"close"));
                 }
-            } else if eq(h.name, "transfer-encoding")
-                || eq(h.name, "upgrade")
-                || eq(h.name, "expect")
-            {
-                return Parsed::Handoff;
-            } else if eq(h.name, "connection") {
-                close |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"close"));
+                _ => {}
             }
         }
         let length = length.unwrap_or(0);
@@ -453,27 +706,26 @@ impl Relay {
             return Parsed::Handoff;
         }
         self.hdrs.clear();
-        let has_connection = headers.iter().any(|h| eq(h.name, "connection"));
-        for h in headers {
-            if eq(h.name, "content-length")
-                || super::proxy::drops_request_header(h.name)
-                || (has_connection && listed_in_connection(headers, h.name))
+        for (h, role) in headers.iter().zip(&roles) {
+            if *role == Known::ContentLength
+                || role.dropped_from_requests()
+                || listed.lists(headers, h.name)
             {
                 continue;
             }
             push_header(&mut self.hdrs, h.name, h.value);
         }
-        let mut t = String::with_capacity(rest.len() + query.map_or(0, |q| q.len() + 1));
-        t.push_str(rest);
+        self.id.clear();
+        self.id.push_str(id);
+        self.target.clear();
+        self.target.push_str(rest);
         if let Some(q) = query {
-            t.push('?');
-            t.push_str(q);
+            self.target.push('?');
+            self.target.push_str(q);
         }
         Parsed::Serve(
             Head {
                 method: method.clone(),
-                id: id.to_string(),
-                target: t,
                 content_length: length as usize,
                 close,
             },
@@ -503,14 +755,16 @@ impl Relay {
         Ok((Upstream::new(id, generation, stream), true))
     }
 
-    /// Sends the request (in `self.out`) to the incarnation and reads the
-    /// response head into `self.ubuf`; a kept connection the request could
+    /// Sends the request (in `self.out`) to the incarnation, reads the
+    /// response head into `self.ubuf` (consumed from it) and writes the
+    /// client's head into `self.out`; a kept connection the request could
     /// not be written to is replaced once by a new one.
     async fn send(
         &mut self,
         id: &str,
         generation: &str,
-    ) -> Result<(Upstream<TcpStream>, usize), ApiError> {
+        head_request: bool,
+    ) -> Result<(Upstream<TcpStream>, ResponseHead), ApiError> {
         let unreachable =
             |msg: String| ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"));
         let mut retried = false;
@@ -527,28 +781,6 @@ impl Relay {
         };
         self.ubuf.clear();
         loop {
-            let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-            let mut resp = httparse::Response::new(&mut headers);
-            match resp.parse(&self.ubuf) {
-                Ok(httparse::Status::Complete(n)) => {
-                    match resp.code {
-                        Some(101) => {
-                            return Err(unreachable("an upgrade nobody asked for".into()));
-                        }
-                        // Informational responses are not passed on.
-                        Some(100..=199) => {
-                            self.ubuf.advance(n);
-                            continue;
-                        }
-                        _ => return Ok((up, n)),
-                    }
-                }
-                Ok(httparse::Status::Partial) if self.ubuf.len() < MAX_RESPONSE_HEAD => {}
-                Ok(httparse::Status::Partial) => {
-                    return Err(unreachable("response head too large".into()));
-                }
-                Err(e) => return Err(unreachable(format!("invalid response head: {e}"))),
-            }
             match read_more(&mut up.conn, &mut self.ubuf).await {
                 Ok(0) => {
                     return Err(unreachable(
@@ -558,108 +790,42 @@ impl Relay {
                 Ok(_) => {}
                 Err(e) => return Err(unreachable(e.to_string())),
             }
-        }
-    }
-
-    /// Writes the client's response head for the sandbox's (at the start of
-    /// `self.ubuf`, `n` bytes) into `self.out`; returns its status, the
-    /// body's framing and whether the upstream connection may be reused.
-    fn response_head(
-        &mut self,
-        n: usize,
-        head_request: bool,
-        id: &str,
-    ) -> Result<(StatusCode, Framing, bool), ApiError> {
-        let bad = |msg: &str| ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"));
-        let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
-        let mut resp = httparse::Response::new(&mut headers);
-        resp.parse(&self.ubuf[..n])
-            .map_err(|_| bad("invalid response head"))?;
-        let status = resp
-            .code
-            .and_then(|c| StatusCode::from_u16(c).ok())
-            .ok_or_else(|| bad("invalid status"))?;
-        let headers = &*resp.headers;
-        let mut chunked = None;
-        let mut length = None;
-        let mut keep_alive = resp.version == Some(1);
-        for h in headers {
-            if eq(h.name, "transfer-encoding") {
-                // The last coding listed decides.
-                if let Some(last) = tokens(h.value).last() {
-                    chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
-                }
-            } else if eq(h.name, "content-length") {
-                match content_length(h.value) {
-                    Some(v) if length.map_or(true, |l| l == v) => length = Some(v),
-                    _ => return Err(bad("invalid content-length")),
-                }
-            } else if eq(h.name, "connection") {
-                for t in tokens(h.value) {
-                    if t.eq_ignore_ascii_case(b"close") {
-                        keep_alive = false;
-                    } else if t.eq_ignore_ascii_case(b"keep-alive") && resp.version == Some(0) {
-                        keep_alive = true;
+            // What has come: informational responses (not passed on), then
+            // the response head, or a part of one.
+            loop {
+                let mut headers = [std::mem::MaybeUninit::uninit(); MAX_RESPONSE_HEADERS];
+                let mut resp = httparse::Response::new(&mut []);
+                match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+                    &mut resp,
+                    &self.ubuf,
+                    &mut headers,
+                ) {
+                    Ok(httparse::Status::Complete(n)) => match resp.code {
+                        Some(101) => {
+                            return Err(unreachable("an upgrade nobody asked for".into()));
+                        }
+                        Some(100..=199) => self.ubuf.advance(n),
+                        _ => {
+                            let head = client_head(
+                                &mut self.out,
+                                &mut self.date,
+                                &self.state.proxy.response_headers,
+                                &resp,
+                                head_request,
+                            )
+                            .map_err(|msg| unreachable(msg.into()))?;
+                            self.ubuf.advance(n);
+                            return Ok((up, head));
+                        }
+                    },
+                    Ok(httparse::Status::Partial) if self.ubuf.len() < MAX_RESPONSE_HEAD => break,
+                    Ok(httparse::Status::Partial) => {
+                        return Err(unreachable("response head too large".into()));
                     }
+                    Err(e) => return Err(unreachable(format!("invalid response head: {e}"))),
                 }
             }
         }
-        let framing = if head_request
-            || status.is_informational()
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
-            Framing::None
-        } else {
-            match (chunked, length) {
-                (Some(true), _) => Framing::Chunked,
-                (Some(false), _) => Framing::UntilClose,
-                (None, Some(n)) => Framing::Length(n),
-                (None, None) => Framing::UntilClose,
-            }
-        };
-        if framing == Framing::UntilClose {
-            keep_alive = false;
-        }
-        self.out.clear();
-        push_status(
-            &mut self.out,
-            &mut self.date,
-            status,
-            resp.reason.unwrap_or(""),
-        );
-        let allowed = &self.state.proxy.response_headers;
-        let mut length_written = false;
-        let has_connection = headers.iter().any(|h| eq(h.name, "connection"));
-        for h in headers {
-            if super::proxy::drops_response_header(h.name)
-                || (has_connection && listed_in_connection(headers, h.name))
-            {
-                continue;
-            }
-            if eq(h.name, "content-length") {
-                // Framing: kept when it frames the body (or describes the
-                // body a HEAD or 304 would have), once.
-                if matches!(framing, Framing::Chunked | Framing::UntilClose) || length_written {
-                    continue;
-                }
-                length_written = true;
-                if let Some(n) = length {
-                    push_length(&mut self.out, n);
-                }
-                continue;
-            }
-            // `Date` is the daemon's (written with the status line).
-            if allowed.iter().any(|a| eq(a.as_str(), h.name)) && !eq(h.name, "date") {
-                push_header(&mut self.out, h.name, h.value);
-            }
-        }
-        if matches!(framing, Framing::Chunked | Framing::UntilClose) {
-            self.out
-                .extend_from_slice(b"transfer-encoding: chunked\r\n");
-        }
-        self.out.extend_from_slice(b"\r\n");
-        Ok((status, framing, keep_alive))
     }
 
     /// Forwards one request and its response. An error before the
@@ -670,44 +836,45 @@ impl Relay {
         io: &mut S,
         buf: &mut BytesMut,
         head: &Head,
+        id: &str,
+        target: &str,
         body: &Bytes,
-    ) -> Result<(StatusCode, Outcome), ApiError>
+    ) -> Result<(StatusCode, Outcome, tokio::time::Instant), ApiError>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let lc = self.state.lifecycle.clone();
         lc.metrics().proxy_relayed.inc();
-        let pin = lc.pin(&head.id).await?;
+        let pin = lc.pin_cached(id, &mut self.pins).await?;
         let record = &pin.record;
         let id = record.sandbox_id.as_str();
-        let credential = lc
-            .backend()
-            .agent_credential(record)
-            .await
-            .map_err(LifecycleError::from)?;
+        if !self
+            .incarnation
+            .as_ref()
+            .is_some_and(|i| Arc::ptr_eq(&i.record, &pin.record))
+        {
+            self.incarnation = Some(Incarnation::of(&lc, &pin.record).await?);
+        }
+        let inc = self.incarnation.as_ref().expect("just made");
 
         let out = &mut self.out;
         out.clear();
         out.extend_from_slice(head.method.as_str().as_bytes());
         out.push(b' ');
-        out.extend_from_slice(lc.backend().path_prefix(record).as_bytes());
+        out.extend_from_slice(inc.prefix.as_bytes());
         out.push(b'/');
-        out.extend_from_slice(head.target.as_bytes());
+        out.extend_from_slice(target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\nhost: localhost\r\n");
-        if let Some(c) = credential {
-            if http::HeaderValue::from_str(&c.0).is_err() {
-                return Err(ApiError::BadGateway(format!(
-                    "sandbox {id}: unusable agent credential"
-                )));
-            }
-            push_header(out, sandbox_abi::credential::HEADER, c.0.as_bytes());
+        if let Some(c) = &inc.credential {
+            push_header(out, sandbox_abi::credential::HEADER, c.as_bytes());
         }
         push_length(out, body.len() as u64);
         out.extend_from_slice(&self.hdrs);
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(body);
 
-        let started = tokio::time::Instant::now();
+        // The head timeout and the latency metric count from admission.
+        let started = tokio::time::Instant::from_std(pin.admitted());
         let head_timeout = self.state.proxy.head_timeout;
         let mut deadline = match self.head_deadline.take() {
             Some(mut d) => {
@@ -727,7 +894,7 @@ impl Relay {
         let mut watching = true;
         // `None`: the client went away.
         let sent = {
-            let send = self.send(id, &record.generation);
+            let send = self.send(id, &record.generation, head.method == Method::HEAD);
             tokio::pin!(send);
             loop {
                 tokio::select! {
@@ -750,20 +917,30 @@ impl Relay {
         self.head_deadline = Some(deadline);
         let Some(sent) = sent else {
             debug!(sandbox_id = %id, "the client went away before the response head");
-            return Ok((StatusCode::BAD_GATEWAY, Outcome::Aborted));
+            return Ok((
+                StatusCode::BAD_GATEWAY,
+                Outcome::Aborted,
+                tokio::time::Instant::now(),
+            ));
         };
-        let (mut up, n) = sent?;
+        let (mut up, rh) = sent?;
+        let head_at = tokio::time::Instant::now();
         lc.metrics()
             .proxy_seconds
-            .observe(started.elapsed().as_secs_f64());
-        let (status, framing, keep_alive) =
-            self.response_head(n, head.method == Method::HEAD, id)?;
-        self.ubuf.advance(n);
+            .observe((head_at - started).as_secs_f64());
 
-        let done = self.relay_body(io, &mut up, framing, &pin, cancelled).await;
+        let done = self
+            .relay_body(io, &mut up, rh.framing, &pin, cancelled)
+            .await;
+        // When the response ended: as the head came, when the whole of it
+        // was written at once (the common small response; no clock read).
+        let ended = match done {
+            Ok(false) => head_at,
+            _ => tokio::time::Instant::now(),
+        };
         let outcome = match done {
-            Ok(()) => {
-                if keep_alive && self.ubuf.is_empty() {
+            Ok(_) => {
+                if rh.keep_alive && self.ubuf.is_empty() {
                     // Connections to sandboxes deleted meanwhile go now,
                     // not when this client connection closes.
                     self.ups.retain(|o| o.conn.reusable());
@@ -778,15 +955,16 @@ impl Relay {
         };
         // The response is over: activity, unless a delete cut it.
         if !pin.is_cancelled() {
-            lc.touch_generation(id, &record.generation);
+            pin.touch_at(ended.into_std());
         }
         drop(pin);
-        Ok((status, outcome))
+        Ok((rh.status, outcome, ended))
     }
 
     /// Writes the response head (in `self.out`) and the body to the
     /// client. Stops at a delete, a pause longer than the idle timeout, or
-    /// a sandbox that breaks the framing.
+    /// a sandbox that breaks the framing. `Ok(true)` when it had to wait
+    /// (for the sandbox or the client) on the way.
     async fn relay_body<S, C>(
         &mut self,
         io: &mut S,
@@ -794,7 +972,7 @@ impl Relay {
         framing: Framing,
         pin: &ProxyPin,
         mut cancelled: Pin<&mut C>,
-    ) -> Result<(), String>
+    ) -> Result<bool, String>
     where
         S: AsyncWrite + Unpin,
         C: Future<Output = ()>,
@@ -807,6 +985,7 @@ impl Relay {
         };
         let mut chunks = Chunked::default();
         let mut eof = false;
+        let mut waited = false;
         loop {
             // What has come so far goes into `out` (after the head, the
             // first time round).
@@ -834,14 +1013,22 @@ impl Relay {
                 }
             };
             if !self.out.is_empty() {
-                io.write_all(&self.out)
-                    .await
-                    .map_err(|e| format!("client: {e}"))?;
+                let write = io.write_all(&self.out);
+                tokio::pin!(write);
+                let written = match futures_util::poll!(write.as_mut()) {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => {
+                        waited = true;
+                        write.await
+                    }
+                };
+                written.map_err(|e| format!("client: {e}"))?;
                 self.out.clear();
             }
             if finished {
-                return Ok(());
+                return Ok(waited);
             }
+            waited = true;
             if eof {
                 return Err(format!("sandbox {id}: connection closed mid-body"));
             }
@@ -1151,6 +1338,14 @@ mod tests {
         assert!(decode_all(&[&long]).is_err());
         // Incomplete is not an error: more may come.
         assert!(!decode_all(&[b"5\r\nhel"]).unwrap().0);
+    }
+
+    #[test]
+    fn the_target_table_is_rfc_3986_path_and_query() {
+        for b in 0..=255u8 {
+            let want = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b);
+            assert_eq!(plain_target_byte(b), want, "byte {b}");
+        }
     }
 
     #[test]

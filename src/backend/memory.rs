@@ -41,6 +41,13 @@ fn split_url(url: &str) -> Result<(String, String), BackendError> {
 }
 
 impl MemoryBackend {
+    fn current_status(&self, record: &SandboxRecord) -> SandboxStatus {
+        match self.map().get(&record.sandbox_id) {
+            Some(r) if r.generation == record.generation => SandboxStatus::Running,
+            _ => SandboxStatus::Exited,
+        }
+    }
+
     pub fn new(template: &str, create_delay: Duration) -> Result<Self, BackendError> {
         split_url(&template.replace("{sandbox_id}", "x"))?;
         Ok(MemoryBackend {
@@ -90,10 +97,11 @@ impl Backend for MemoryBackend {
     }
 
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
-        match self.map().get(&record.sandbox_id) {
-            Some(r) if r.generation == record.generation => SandboxStatus::Running,
-            _ => SandboxStatus::Exited,
-        }
+        self.current_status(record)
+    }
+
+    fn status_now(&self, record: &SandboxRecord) -> Option<SandboxStatus> {
+        Some(self.current_status(record))
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {

@@ -121,6 +121,13 @@ pub trait Backend: Send + Sync + 'static {
     /// where avoidable): called on discover, on reuse and by the reaper.
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus;
 
+    /// [`status`](Backend::status) when the backend knows it without
+    /// waiting for anything (its own table): the proxy asks this first on
+    /// every request. `None` (the default): ask `status`.
+    fn status_now(&self, _record: &SandboxRecord) -> Option<SandboxStatus> {
+        None
+    }
+
     /// Returns the record with the latest status/OOM fields refreshed.
     /// The default only refreshes `status`.
     async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {

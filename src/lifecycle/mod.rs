@@ -95,13 +95,43 @@ pub struct Settings {
     pub allowed_images: Vec<String>,
 }
 
-/// One tracked incarnation. Activity is a touch counter plus a timestamp so
-/// the reaper can tell "touched after I looked" even within a millisecond.
-/// Read and written only with the table's lock held.
+/// One tracked incarnation (read and written with the table's lock held)
+/// and its activity.
 struct Tracked {
     record: SandboxRecord,
-    touches: u64,
-    last_active_ms: u64,
+    activity: Arc<Activity>,
+}
+
+/// An incarnation's activity: a touch counter plus a timestamp, so the
+/// reaper can tell "touched after I looked" even within a millisecond.
+/// Atomics, so a proxied request marks it without the table's lock.
+#[derive(Debug)]
+struct Activity {
+    touches: AtomicU64,
+    /// Milliseconds since the lifecycle's epoch.
+    last_active_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new(now_ms: u64) -> Self {
+        Activity {
+            touches: AtomicU64::new(0),
+            last_active_ms: AtomicU64::new(now_ms),
+        }
+    }
+
+    fn touch(&self, now_ms: u64) {
+        // Written only when it moves on (once a millisecond at most under
+        // load): a read of a shared line costs less than a write to it.
+        if self.last_active_ms.load(Ordering::Relaxed) < now_ms {
+            self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
+        }
+        self.touches.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn touches(&self) -> u64 {
+        self.touches.load(Ordering::SeqCst)
+    }
 }
 
 /// What the reaper observed of one sandbox.
@@ -146,14 +176,54 @@ pub struct ListStamp {
 /// the pin that keeps a delete waiting until it is dropped (or until the
 /// delete's grace runs out and it cancels the request).
 pub struct ProxyPin {
-    pub record: SandboxRecord,
+    pub record: Arc<SandboxRecord>,
     guard: ProxyGuard,
+    activity: Arc<Activity>,
+    /// The lifecycle's epoch (activity times count from it).
+    epoch: Instant,
+    /// When the request was admitted (the activity it marked).
+    admitted: Instant,
+}
+
+/// What a client connection keeps of the sandbox it last sent a proxied
+/// request to, so that its next request to the same incarnation is
+/// admitted ([`Lifecycle::pin_cached`]) without a lock shared by all
+/// requests: the hold on the id's lock slot and what was read of its
+/// record. Holding it keeps only the (small) slot alive; a delete of the
+/// sandbox neither waits for it nor misses it.
+pub struct PinCache {
+    hold: Arc<locks::SlotHold>,
+    /// The slot's record version `record` was read at.
+    version: u64,
+    record: Arc<SandboxRecord>,
+    activity: Arc<Activity>,
+    /// How the connection's requests learn of a cancellation.
+    watch: Arc<locks::CancelWatch>,
 }
 
 impl ProxyPin {
     /// True once a delete cancelled the request.
     pub fn is_cancelled(&self) -> bool {
         self.guard.is_cancelled()
+    }
+
+    /// Marks activity of the incarnation the request was admitted for (the
+    /// end of a proxied response; a newer incarnation is not its
+    /// business: it has activity of its own).
+    pub fn touch(&self) {
+        self.touch_at(Instant::now());
+    }
+
+    /// When the request was admitted (a time read anyway, for a caller
+    /// that needs one).
+    pub fn admitted(&self) -> Instant {
+        self.admitted
+    }
+
+    /// [`touch`](Self::touch) as of `at` (a time the caller read anyway).
+    pub fn touch_at(&self, at: Instant) {
+        self.activity
+            .touch(at.saturating_duration_since(self.epoch).as_millis() as u64);
     }
 
     /// Resolves when a delete cancels the request (see [`ProxyGuard`]).
@@ -225,13 +295,12 @@ impl Lifecycle {
     fn track(&self, record: SandboxRecord) {
         let now = self.now_ms();
         let mut table = self.table();
-        self.changed();
+        self.changed(&record.sandbox_id);
         table.insert(
             record.sandbox_id.clone(),
             Tracked {
                 record,
-                touches: 0,
-                last_active_ms: now,
+                activity: Arc::new(Activity::new(now)),
             },
         );
     }
@@ -240,13 +309,15 @@ impl Lifecycle {
     fn untrack(&self, id: &str) {
         let mut table = self.table();
         if table.remove(id).is_some() {
-            self.changed();
+            self.changed(id);
         }
     }
 
-    /// Notes a change of what the table lists (call with its lock held).
-    fn changed(&self) {
+    /// Notes a change of what the table lists, here of `id`'s record (call
+    /// with the table's lock held).
+    fn changed(&self, id: &str) {
         self.changes.fetch_add(1, Ordering::SeqCst);
+        self.locks.bump(id);
     }
 
     fn get(&self, id: &str) -> Option<SandboxRecord> {
@@ -256,10 +327,9 @@ impl Lifecycle {
     /// Marks activity of `id`; returns false when it is not tracked.
     pub fn touch(&self, id: &str) -> bool {
         let now = self.now_ms();
-        match self.table().get_mut(id) {
+        match self.table().get(id) {
             Some(t) => {
-                t.touches += 1;
-                t.last_active_ms = now;
+                t.activity.touch(now);
                 true
             }
             None => false,
@@ -275,10 +345,9 @@ impl Lifecycle {
     /// of a proxied response: a newer incarnation is not its business).
     pub fn touch_generation(&self, id: &str, generation: &str) {
         let now = self.now_ms();
-        if let Some(t) = self.table().get_mut(id) {
+        if let Some(t) = self.table().get(id) {
             if t.record.generation == generation {
-                t.touches += 1;
-                t.last_active_ms = now;
+                t.activity.touch(now);
             }
         }
     }
@@ -438,7 +507,7 @@ impl Lifecycle {
         if let Some(t) = table.get_mut(&fresh.sandbox_id) {
             if t.record.generation == fresh.generation && t.record != *fresh {
                 t.record = fresh.clone();
-                self.changed();
+                self.changed(&fresh.sandbox_id);
             }
         }
     }
@@ -536,7 +605,7 @@ impl Lifecycle {
             };
             tracing::Span::current().record("generation", seen.generation.as_str());
             let touched = |lc: &Self, seen: u64| {
-                let now = lc.table().get(id).map(|t| t.touches);
+                let now = lc.table().get(id).map(|t| t.activity.touches());
                 let touched = now != Some(seen);
                 if touched {
                     info!("sandbox was touched after the reaper looked; kept");
@@ -635,18 +704,94 @@ impl Lifecycle {
     /// then pins it until the returned value is dropped. Marks activity.
     /// A sandbox that is not running is absent (404), like on discover.
     pub async fn pin(&self, id: &str) -> Result<ProxyPin, LifecycleError> {
+        self.pin_cached(id, &mut None).await
+    }
+
+    /// [`pin`](Self::pin) for a client connection that keeps `cache`
+    /// between its requests: while the cache holds `id` and its record has
+    /// not changed since, the request is admitted with one atomic step on
+    /// the id's own slot (no lock shared by all requests); otherwise the
+    /// record is read from the table and the cache refilled. A request that
+    /// is refused (absent, not running) empties it.
+    pub async fn pin_cached(
+        &self,
+        id: &str,
+        cache: &mut Option<PinCache>,
+    ) -> Result<ProxyPin, LifecycleError> {
+        if let Some(c) = cache.as_ref().filter(|c| c.hold.id() == id) {
+            if let Some(guard) = c.hold.try_pin(Some(&c.watch)) {
+                // Entered before any delete of it closed the gate (which
+                // then waits for this request), or after the delete and
+                // the new version it made.
+                if c.hold.version() == c.version {
+                    let pin = ProxyPin {
+                        record: c.record.clone(),
+                        guard,
+                        activity: c.activity.clone(),
+                        epoch: self.epoch,
+                        admitted: self.epoch,
+                    };
+                    return self.admit(pin, cache).await;
+                }
+            }
+        }
         validate_sandbox_id(id)?;
-        if !self.table().contains_key(id) {
+        let (hold, watch) = match cache.take() {
+            Some(c) if c.hold.id() == id => (c.hold, c.watch),
+            _ => {
+                let hold = self.locks.hold(id);
+                let watch = hold.watch();
+                (hold, watch)
+            }
+        };
+        loop {
+            // The version before the record: a change after this read is
+            // seen below.
+            let version = hold.version();
+            let (record, activity) = match self.table().get(id) {
+                Some(t) => (Arc::new(t.record.clone()), t.activity.clone()),
+                None => return Err(LifecycleError::NotFound),
+            };
+            let guard = hold.pin(Some(&watch)).await;
+            // A delete (or a new incarnation) may have come while we waited.
+            if hold.version() != version {
+                continue;
+            }
+            *cache = Some(PinCache {
+                hold: hold.clone(),
+                version,
+                record: record.clone(),
+                activity: activity.clone(),
+                watch: watch.clone(),
+            });
+            let pin = ProxyPin {
+                record,
+                guard,
+                activity,
+                epoch: self.epoch,
+                admitted: self.epoch,
+            };
+            return self.admit(pin, cache).await;
+        }
+    }
+
+    /// The last step of an admission: the sandbox must be running.
+    async fn admit(
+        &self,
+        mut pin: ProxyPin,
+        cache: &mut Option<PinCache>,
+    ) -> Result<ProxyPin, LifecycleError> {
+        let status = match self.backend.status_now(&pin.record) {
+            Some(s) => s,
+            None => self.backend.status(&pin.record).await,
+        };
+        if status != SandboxStatus::Running {
+            *cache = None;
             return Err(LifecycleError::NotFound);
         }
-        let guard = self.locks.pin(id).await;
-        // A delete may have run while we waited.
-        let record = self.get(id).ok_or(LifecycleError::NotFound)?;
-        if self.backend.status(&record).await != SandboxStatus::Running {
-            return Err(LifecycleError::NotFound);
-        }
-        self.touch_generation(id, &record.generation);
-        Ok(ProxyPin { record, guard })
+        pin.admitted = Instant::now();
+        pin.touch_at(pin.admitted);
+        Ok(pin)
     }
 
     /// Opens a connection to the sandbox `id` at `generation` (the proxy's
@@ -769,8 +914,10 @@ impl Lifecycle {
             .map(|t| Observation {
                 id: t.record.sandbox_id.clone(),
                 generation: t.record.generation.clone(),
-                touches: t.touches,
-                idle: Duration::from_millis(now.saturating_sub(t.last_active_ms)),
+                touches: t.activity.touches(),
+                idle: Duration::from_millis(
+                    now.saturating_sub(t.activity.last_active_ms.load(Ordering::Relaxed)),
+                ),
                 inflight: self.locks.inflight(&t.record.sandbox_id),
             })
             .collect()

@@ -238,14 +238,21 @@ async fn the_reaper_never_cancels_a_request() {
     assert!(lc.reap(&obs).await.unwrap());
 }
 
-#[tokio::test]
-async fn delete_cancels_pins_after_the_grace() {
+/// A lifecycle whose deletes cancel after 200 ms, with sandboxes `s1`
+/// and `s2`.
+async fn two_sandboxes_with_a_short_grace() -> Arc<Lifecycle> {
     let mut s = settings(None);
     s.delete_grace = Duration::from_millis(200);
     let b = MemoryBackend::new("http://127.0.0.1:9", Duration::ZERO).unwrap();
     let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
     lc.create(req("s1", "t")).await.unwrap();
     lc.create(req("s2", "t")).await.unwrap();
+    lc
+}
+
+#[tokio::test]
+async fn delete_cancels_pins_after_the_grace() {
+    let lc = two_sandboxes_with_a_short_grace().await;
     let stuck = lc.pin("s1").await.unwrap();
     let other = lc.pin("s2").await.unwrap();
     let started = std::time::Instant::now();
@@ -360,4 +367,129 @@ async fn delete_of_an_incarnation_replaced_elsewhere() {
     // on what we saw is refused with 409 only if something else lives.
     let r = lc.delete("s1", Some(&a.generation)).await;
     assert!(r.is_err(), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_cached_pin_follows_the_incarnation() {
+    let lc = lc(0, None);
+    let a = lc.create(req("s1", "t1")).await.unwrap();
+    let mut cache = None;
+    let p = lc.pin_cached("s1", &mut cache).await.unwrap();
+    assert_eq!(p.record.generation, a.generation);
+    drop(p);
+    // From the cache: the same incarnation, activity marked as before.
+    let touches = lc.observe().pop().unwrap().touches;
+    let p = lc.pin_cached("s1", &mut cache).await.unwrap();
+    assert_eq!(p.record.generation, a.generation);
+    assert_eq!(lc.observe().pop().unwrap().touches, touches + 1);
+    assert_eq!(lc.observe().pop().unwrap().inflight, 1);
+    drop(p);
+    assert_eq!(lc.observe().pop().unwrap().inflight, 0);
+    // Deleted and made anew while the cache holds the old one: the next
+    // request reads the new record.
+    assert!(lc.delete("s1", None).await.unwrap());
+    let b = lc.create(req("s1", "t1")).await.unwrap();
+    assert_ne!(a.generation, b.generation);
+    let p = lc.pin_cached("s1", &mut cache).await.unwrap();
+    assert_eq!(p.record.generation, b.generation);
+    drop(p);
+    // Deleted: absent, and the cache is emptied.
+    assert!(lc.delete("s1", None).await.unwrap());
+    assert!(matches!(
+        lc.pin_cached("s1", &mut cache).await,
+        Err(LifecycleError::NotFound)
+    ));
+    assert!(cache.is_none());
+    // Another id through the same cache.
+    lc.create(req("s1", "t1")).await.unwrap();
+    lc.create(req("s2", "t1")).await.unwrap();
+    let p = lc.pin_cached("s1", &mut cache).await.unwrap();
+    drop(p);
+    let p = lc.pin_cached("s2", &mut cache).await.unwrap();
+    assert_eq!(p.record.sandbox_id, "s2");
+    drop(p);
+    // The cache keeps its slot (only that); dropping it lets it go.
+    assert_eq!(lc.live_lock_slots(), 1);
+    drop(cache);
+    assert_eq!(lc.live_lock_slots(), 0);
+}
+
+#[tokio::test]
+async fn a_cached_pin_of_a_sandbox_that_exited_is_absent() {
+    let lc = lc(0, None);
+    let a = lc.create(req("s1", "t1")).await.unwrap();
+    let mut cache = None;
+    drop(lc.pin_cached("s1", &mut cache).await.unwrap());
+    // The process died: the backend says so at once, no activity counts.
+    lc.backend().delete("s1", &a.generation).await.unwrap();
+    let touches = lc.observe().pop().unwrap().touches;
+    assert!(matches!(
+        lc.pin_cached("s1", &mut cache).await,
+        Err(LifecycleError::NotFound)
+    ));
+    assert!(cache.is_none());
+    assert_eq!(lc.observe().pop().unwrap().touches, touches);
+    assert_eq!(lc.observe().pop().unwrap().inflight, 0);
+}
+
+#[tokio::test]
+async fn a_cached_pin_waits_behind_a_delete() {
+    let lc = lc(0, None);
+    lc.create(req("s1", "t1")).await.unwrap();
+    let mut cache = None;
+    drop(lc.pin_cached("s1", &mut cache).await.unwrap());
+    let held = lc.pin("s1").await.unwrap();
+    let lc2 = lc.clone();
+    let delete = tokio::spawn(async move { lc2.delete("s1", None).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!delete.is_finished(), "the delete did not wait for the pin");
+    // A request from the cache now waits behind the delete ...
+    let lc3 = lc.clone();
+    let cached = tokio::spawn(async move { lc3.pin_cached("s1", &mut cache).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!cached.is_finished(), "a cached pin passed a closed gate");
+    // ... and finds the sandbox gone once the delete is done.
+    drop(held);
+    assert!(delete.await.unwrap().unwrap());
+    assert!(matches!(
+        cached.await.unwrap(),
+        Err(LifecycleError::NotFound)
+    ));
+}
+
+#[tokio::test]
+async fn a_delete_cancels_a_cached_pin_after_the_grace() {
+    let lc = two_sandboxes_with_a_short_grace().await;
+    let (mut c1, mut c2) = (None, None);
+    // Filled by an earlier request, then the one that gets stuck.
+    drop(lc.pin_cached("s1", &mut c1).await.unwrap());
+    let stuck = lc.pin_cached("s1", &mut c1).await.unwrap();
+    let other = lc.pin_cached("s2", &mut c2).await.unwrap();
+    let watcher = tokio::spawn(stuck.cancellation());
+    let bystander = tokio::spawn(other.cancellation());
+    assert!(lc.delete("s1", None).await.unwrap());
+    assert!(stuck.is_cancelled());
+    tokio::time::timeout(Duration::from_secs(1), watcher)
+        .await
+        .expect("the cancellation did not wake the cached request")
+        .unwrap();
+    assert!(!other.is_cancelled());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!bystander.is_finished(), "another id's request was woken");
+    // The cancelled request leaving later takes nothing off the next
+    // incarnation's count.
+    lc.create(req("s1", "t")).await.unwrap();
+    let next = lc.pin_cached("s1", &mut c1).await.unwrap();
+    drop(stuck);
+    assert_eq!(
+        lc.observe()
+            .into_iter()
+            .find(|o| o.id == "s1")
+            .unwrap()
+            .inflight,
+        1
+    );
+    assert!(!next.is_cancelled());
+    drop((next, other));
+    bystander.abort();
 }

@@ -128,6 +128,14 @@ pub struct NativeBackend {
 }
 
 impl NativeBackend {
+    /// The status of `record`'s incarnation as the live table has it.
+    fn current_status(&self, record: &SandboxRecord) -> SandboxStatus {
+        match self.live().get(&record.sandbox_id) {
+            Some(l) if l.record.generation == record.generation => status_of(l, record),
+            _ => SandboxStatus::Exited,
+        }
+    }
+
     /// Builds the backend from the configuration, then reconciles the
     /// state directory (adopts live sandboxes, cleans up the rest) before
     /// returning, so the API never serves a half-known node.
@@ -553,10 +561,11 @@ impl Backend for NativeBackend {
     }
 
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
-        match self.live().get(&record.sandbox_id) {
-            Some(l) if l.record.generation == record.generation => status_of(l, record),
-            _ => SandboxStatus::Exited,
-        }
+        self.current_status(record)
+    }
+
+    fn status_now(&self, record: &SandboxRecord) -> Option<SandboxStatus> {
+        Some(self.current_status(record))
     }
 
     async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
