@@ -58,8 +58,6 @@ struct Gate {
     opened: Notify,
     /// Woken when the last request inside a closed gate leaves.
     drained: Notify,
-    /// Woken when the requests inside are cancelled.
-    cancelled: Notify,
 }
 
 impl Gate {
@@ -130,19 +128,6 @@ impl Gate {
         epoch_of(self.state.load(Ordering::Acquire)) != epoch
     }
 
-    /// Resolves once the request entered in `epoch` is cancelled.
-    async fn cancelled(&self, epoch: u64) {
-        loop {
-            let notified = self.cancelled.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_cancelled(epoch) {
-                return;
-            }
-            notified.await;
-        }
-    }
-
     /// Closes the gate: nobody enters until [`open`](Self::open). One
     /// closer at a time (the id's operation lock).
     fn close(&self) {
@@ -184,10 +169,7 @@ impl Gate {
                 .state
                 .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    self.cancelled.notify_waiters();
-                    return inside as usize;
-                }
+                Ok(_) => return inside as usize,
                 Err(now) => cur = now,
             }
         }
@@ -220,10 +202,10 @@ impl Slot {
     }
 }
 
-/// How a client connection that holds a slot between its requests learns
-/// that a delete cancelled its request: one waker registered with the slot
-/// once, where a request on its own registers with the gate's `Notify`
-/// each time. Serves one request at a time.
+/// How a proxy request learns that a delete cancelled it: a waker
+/// registered with the slot (without a lock, once it is registered). A
+/// client connection that holds the slot between its requests registers
+/// one for all of them; it serves one request at a time.
 #[derive(Default)]
 pub struct CancelWatch {
     waker: futures_util::task::AtomicWaker,
@@ -287,22 +269,22 @@ impl SlotHold {
     /// Pins the id for a proxy request when no delete holds it; `watch`
     /// (this hold's, see [`watch`](Self::watch)) is how the request learns
     /// of a cancellation.
-    pub fn try_pin(self: &Arc<Self>, watch: Option<&Arc<CancelWatch>>) -> Option<ProxyGuard> {
+    pub fn try_pin(self: &Arc<Self>, watch: &Arc<CancelWatch>) -> Option<ProxyGuard> {
         let epoch = self.slot().gate.try_enter()?;
         Some(ProxyGuard {
             hold: self.clone(),
             epoch,
-            watch: watch.cloned(),
+            watch: watch.clone(),
         })
     }
 
     /// Pins the id for a proxy request (waits while a delete holds it).
-    pub async fn pin(self: &Arc<Self>, watch: Option<&Arc<CancelWatch>>) -> ProxyGuard {
+    pub async fn pin(self: &Arc<Self>, watch: &Arc<CancelWatch>) -> ProxyGuard {
         let epoch = self.slot().gate.enter().await;
         ProxyGuard {
             hold: self.clone(),
             epoch,
-            watch: watch.cloned(),
+            watch: watch.clone(),
         }
     }
 }
@@ -321,7 +303,7 @@ impl Drop for SlotHold {
 pub struct ProxyGuard {
     hold: Arc<SlotHold>,
     epoch: u64,
-    watch: Option<Arc<CancelWatch>>,
+    watch: Arc<CancelWatch>,
 }
 
 impl ProxyGuard {
@@ -336,25 +318,16 @@ impl ProxyGuard {
         let hold = self.hold.clone();
         let epoch = self.epoch;
         let watch = self.watch.clone();
-        async move {
-            let gate = &hold.slot().gate;
-            match watch {
-                // Registered, then checked: a cancellation after the check
-                // wakes the waker registered before it.
-                Some(w) => {
-                    std::future::poll_fn(|cx| {
-                        w.waker.register(cx.waker());
-                        if gate.is_cancelled(epoch) {
-                            std::task::Poll::Ready(())
-                        } else {
-                            std::task::Poll::Pending
-                        }
-                    })
-                    .await
-                }
-                None => gate.cancelled(epoch).await,
+        // Registered, then checked: a cancellation after the check wakes
+        // the waker registered before it.
+        std::future::poll_fn(move |cx| {
+            watch.waker.register(cx.waker());
+            if hold.slot().gate.is_cancelled(epoch) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
             }
-        }
+        })
     }
 }
 
@@ -468,7 +441,9 @@ impl IdLocks {
 
     /// Pins `id` for a proxy request (waits while a delete holds it).
     pub async fn pin(self: &Arc<Self>, id: &str) -> ProxyGuard {
-        self.hold(id).pin(None).await
+        let hold = self.hold(id);
+        let watch = hold.watch();
+        hold.pin(&watch).await
     }
 
     /// Proxy requests of `id` in flight (and not cancelled).
@@ -608,7 +583,7 @@ mod tests {
         let locks = Arc::new(IdLocks::default());
         let hold = locks.hold("a");
         let watch = hold.watch();
-        let stuck = hold.try_pin(Some(&watch)).expect("the gate is open");
+        let stuck = hold.try_pin(&watch).expect("the gate is open");
         let woken = tokio::spawn(stuck.cancellation());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!woken.is_finished());
@@ -620,8 +595,8 @@ mod tests {
             .expect("the watch was not woken")
             .unwrap();
         // Closed: nobody enters, not even from a hold.
-        assert!(hold.try_pin(Some(&watch)).is_none());
+        assert!(hold.try_pin(&watch).is_none());
         drop(x);
-        assert!(hold.try_pin(Some(&watch)).is_some());
+        assert!(hold.try_pin(&watch).is_some());
     }
 }

@@ -719,7 +719,7 @@ impl Lifecycle {
         cache: &mut Option<PinCache>,
     ) -> Result<ProxyPin, LifecycleError> {
         if let Some(c) = cache.as_ref().filter(|c| c.hold.id() == id) {
-            if let Some(guard) = c.hold.try_pin(Some(&c.watch)) {
+            if let Some(guard) = c.hold.try_pin(&c.watch) {
                 // Entered before any delete of it closed the gate (which
                 // then waits for this request), or after the delete and
                 // the new version it made.
@@ -752,7 +752,7 @@ impl Lifecycle {
                 Some(t) => (Arc::new(t.record.clone()), t.activity.clone()),
                 None => return Err(LifecycleError::NotFound),
             };
-            let guard = hold.pin(Some(&watch)).await;
+            let guard = hold.pin(&watch).await;
             // A delete (or a new incarnation) may have come while we waited.
             if hold.version() != version {
                 continue;
