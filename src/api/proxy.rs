@@ -34,37 +34,9 @@ use super::upstream::{ConnUpstreams, UpstreamError};
 use super::RespBody;
 use crate::lifecycle::{Lifecycle, ProxyPin};
 
-/// Request headers never forwarded (hop-by-hop, the caller's credentials,
-/// the agent credential (set by the proxy alone), and those hyper
-/// recomputes).
-static DROP_REQUEST: [HeaderName; 11] = [
-    HeaderName::from_static(sandbox_abi::credential::HEADER),
-    header::AUTHORIZATION,
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHORIZATION,
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::HOST,
-];
-
-/// Response headers never copied back (hop-by-hop), whatever the
-/// allow-list says.
-static DROP_RESPONSE: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// The header names the relay tells apart, as [`known`] classifies them.
+/// The header names the proxy tells apart, as [`known`] classifies them:
+/// which it never forwards, never copies back, or frames itself (both the
+/// relay and the hyper path decide by it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Known {
     Authorization,
@@ -114,7 +86,9 @@ pub(super) fn known(name: &str) -> Known {
 }
 
 impl Known {
-    /// Never forwarded to a sandbox ([`DROP_REQUEST`]).
+    /// Never forwarded to a sandbox: hop-by-hop, the caller's credentials,
+    /// the agent credential (set by the proxy alone), and those the proxy
+    /// sets itself.
     pub(super) fn dropped_from_requests(self) -> bool {
         matches!(
             self,
@@ -129,7 +103,8 @@ impl Known {
         )
     }
 
-    /// Never copied back from a sandbox ([`DROP_RESPONSE`]).
+    /// Never copied back from a sandbox (hop-by-hop), whatever the
+    /// allow-list says.
     pub(super) fn dropped_from_responses(self) -> bool {
         matches!(
             self,
@@ -178,7 +153,7 @@ impl Default for ProxySettings {
 /// response the platform receives. Works in place (no new map per
 /// response).
 fn allowed_response_headers(headers: &mut HeaderMap, allowed: &[HeaderName]) {
-    filter_headers(headers, &DROP_RESPONSE);
+    filter_headers(headers, Known::dropped_from_responses);
     let keep = |name: &HeaderName| name == header::CONTENT_LENGTH || allowed.contains(name);
     while let Some(name) = headers.keys().find(|n| !keep(n)).cloned() {
         headers.remove(name);
@@ -345,7 +320,7 @@ impl Drop for PinnedBody {
 /// Drops the headers named in `Connection` (hop-by-hop too), then those
 /// in `drop` (looked for among the few headers present, rather than
 /// hashing every name of `drop`).
-fn filter_headers(headers: &mut HeaderMap, drop: &[HeaderName]) {
+fn filter_headers(headers: &mut HeaderMap, drop: fn(Known) -> bool) {
     if headers.contains_key(header::CONNECTION) {
         let listed: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -358,7 +333,7 @@ fn filter_headers(headers: &mut HeaderMap, drop: &[HeaderName]) {
             headers.remove(name);
         }
     }
-    while let Some(name) = headers.keys().find(|n| drop.contains(n)).cloned() {
+    while let Some(name) = headers.keys().find(|n| drop(known(n.as_str()))).cloned() {
         headers.remove(name);
     }
 }
@@ -393,7 +368,7 @@ pub async fn forward(
         .map_err(|e| ApiError::BadRequest(format!("cannot proxy to this path: {e}")))?;
 
     let (mut parts, body) = req.into_parts();
-    filter_headers(&mut parts.headers, &DROP_REQUEST);
+    filter_headers(&mut parts.headers, Known::dropped_from_requests);
     parts.headers.remove(header::CONTENT_LENGTH);
     if let Some(n) = body.size_hint().exact() {
         parts
@@ -491,7 +466,7 @@ mod tests {
         h.insert("x-secret", "1".parse().unwrap());
         h.insert("content-type", "text/plain".parse().unwrap());
         h.insert(sandbox_abi::credential::HEADER, "forged".parse().unwrap());
-        filter_headers(&mut h, &DROP_REQUEST);
+        filter_headers(&mut h, Known::dropped_from_requests);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("content-type"));
     }
@@ -527,15 +502,40 @@ mod tests {
         assert!(h.contains_key("x-a"));
     }
 
-    /// The relay's classifier drops exactly what the hyper path's lists
-    /// drop, whatever the case of the name.
+    /// Headers never forwarded to a sandbox, and never copied back.
+    const DROP_REQUEST: [&str; 11] = [
+        sandbox_abi::credential::HEADER,
+        "authorization",
+        "connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    ];
+    const DROP_RESPONSE: [&str; 8] = [
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+
+    /// The classifier drops exactly these lists, whatever the case of the
+    /// name.
     #[test]
-    fn the_classifier_agrees_with_the_drop_lists() {
-        let listed = |list: &[HeaderName], n: &str| list.iter().any(|h| h.as_str() == n);
+    fn the_classifier_drops_exactly_the_listed_headers() {
+        let listed = |list: &[&str], n: &str| list.contains(&n);
         let mut names: Vec<String> = DROP_REQUEST
             .iter()
             .chain(&DROP_RESPONSE)
-            .map(|h| h.as_str().to_string())
+            .map(|h| h.to_string())
             .collect();
         names.extend(
             [
