@@ -51,7 +51,8 @@ http {
 NGINX
 nginx -c "$work/nginx.conf"
 # The reference proxy: nginx proxy_pass to the same upstream, upstream
-# keep-alive on, as many workers as sandboxd has tokio workers (the cores).
+# keep-alive on, as many workers as sandboxd has connection workers (the
+# cores, where its relay serves the connections).
 cat > "$work/nginx-proxy.conf" <<NGINX
 worker_processes $(nproc);
 pid $work/nginx-proxy.pid;

@@ -28,11 +28,21 @@ pub struct UnauthConns {
 }
 
 /// Resolves when the connection was evicted; never otherwise.
-pub struct Eviction(oneshot::Receiver<()>);
+pub struct Eviction {
+    rx: Option<oneshot::Receiver<()>>,
+    evicted: bool,
+}
 
 impl Eviction {
-    pub async fn wait(self) {
-        if self.0.await.is_err() {
+    /// Waits for the eviction. It may be waited for again after a wait
+    /// that was dropped (a connection waits while the relay serves it,
+    /// then while hyper does), and resolves at once once evicted.
+    pub async fn wait(&mut self) {
+        if let Some(rx) = &mut self.rx {
+            self.evicted = rx.await.is_ok();
+            self.rx = None;
+        }
+        if !self.evicted {
             // Authenticated or closed: never evicted.
             std::future::pending::<()>().await;
         }
@@ -71,7 +81,14 @@ impl UnauthConns {
         g.0 += 1;
         let id = g.0;
         g.1.push_back((id, tx));
-        (id, Eviction(rx), evicted)
+        (
+            id,
+            Eviction {
+                rx: Some(rx),
+                evicted: false,
+            },
+            evicted,
+        )
     }
 
     /// The connection made an authenticated request (or closed): it no
@@ -100,26 +117,35 @@ mod tests {
     #[tokio::test]
     async fn the_oldest_is_evicted_and_the_authenticated_never() {
         let c = UnauthConns::new(2);
-        let (a, ea, _) = c.register();
+        let (a, mut ea, _) = c.register();
         let (b, eb, _) = c.register();
         c.forget(b); // b authenticated
-        let (_, ec, n) = c.register();
+        let (_, mut ec, n) = c.register();
         assert_eq!((n, c.len()), (0, 2));
+        let ms = std::time::Duration::from_millis;
+        // A wait dropped before the eviction (the relay's, when hyper
+        // takes the connection over) leaves the next wait working.
+        assert!(tokio::time::timeout(ms(20), ea.wait()).await.is_err());
         let (_, _ed, n) = c.register();
         assert_eq!(n, 1, "a, the oldest unauthenticated one, goes");
-        tokio::time::timeout(std::time::Duration::from_secs(1), ea.wait())
+        tokio::time::timeout(ms(1000), ea.wait())
             .await
             .expect("a evicted");
-        let idle = |e: Eviction| async {
+        tokio::time::timeout(ms(1000), ea.wait())
+            .await
+            .expect("and stays evicted");
+        async fn idle(e: &mut Eviction) -> bool {
             tokio::time::timeout(std::time::Duration::from_millis(50), e.wait())
                 .await
                 .is_err()
-        };
+        }
+        let mut eb = eb;
         assert!(
-            idle(eb).await,
+            idle(&mut eb).await,
             "an authenticated connection is never evicted"
         );
-        assert!(idle(ec).await);
+        assert!(idle(&mut eb).await, "not on a second wait either");
+        assert!(idle(&mut ec).await);
         let _ = a;
     }
 }

@@ -31,6 +31,7 @@ pub mod proxy;
 pub mod relay;
 pub mod routes;
 pub mod upstream;
+pub mod workers;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type of every response (JSON or a streamed upstream body).
@@ -44,9 +45,6 @@ pub struct AppState {
     pub public_url: String,
     /// Idle upstream connections of closed client connections (hyper's).
     pub upstream_pool: Arc<upstream::UpstreamPool<upstream::HyperConn>>,
-    /// Idle upstream connections of closed client connections (the
-    /// relay's).
-    pub relay_pool: relay::RawPool,
     /// Connections that have not authenticated yet (capped, see [`conns`]).
     pub unauth: conns::UnauthConns,
     pub proxy: proxy::ProxySettings,
@@ -97,7 +95,6 @@ impl AppState {
             token,
             public_url,
             upstream_pool: Arc::new(upstream::UpstreamPool::default()),
-            relay_pool: relay::RawPool::default(),
             unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
             proxy,
             list_cache: Default::default(),
@@ -129,22 +126,35 @@ impl Listener {
 }
 
 /// Serves `listeners` until `shutdown` resolves, then stops accepting and
-/// gives in-flight requests up to `grace` to finish.
+/// gives in-flight requests up to `grace` to finish. Fails only when the
+/// relay's connection workers cannot be started.
 pub async fn serve(
     state: Arc<AppState>,
     listeners: Vec<Listener>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
-) {
+) -> std::io::Result<()> {
     // `true` asks every connection to finish its request and close; each
     // holds a receiver until it is gone.
     let (drain_tx, drain_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let workers = if state.proxy.relay {
+        let w = workers::ConnWorkers::start(state.proxy.workers)?;
+        debug!(workers = w.len(), "relay connection workers started");
+        Some(Arc::new(w))
+    } else {
+        None
+    };
+    let server = Arc::new(Server {
+        state,
+        drain: drain_rx,
+        workers: workers.clone(),
+        main: tokio::runtime::Handle::current(),
+    });
     let mut accept_tasks = Vec::new();
     for l in listeners {
         info!(address = %l.describe(), "listening");
-        let state = state.clone();
-        let drain = drain_rx.clone();
+        let server = server.clone();
         let mut stop = stop_rx.clone();
         accept_tasks.push(tokio::spawn(async move {
             loop {
@@ -153,9 +163,9 @@ pub async fn serve(
                     r = accept(&l) => match r {
                         Ok(Conn::Tcp(s)) => {
                             let _ = s.set_nodelay(true);
-                            spawn_conn(&state, &drain, s);
+                            server.spawn_conn(s);
                         }
-                        Ok(Conn::Unix(s)) => spawn_conn(&state, &drain, s),
+                        Ok(Conn::Unix(s)) => server.spawn_conn(s),
                         Err(e) => {
                             warn!(error = %e, "accept failed");
                             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -165,18 +175,23 @@ pub async fn serve(
             }
         }));
     }
-    drop(drain_rx);
     shutdown.await;
     info!("shutting down: no longer accepting connections");
     let _ = stop_tx.send(true);
     for t in accept_tasks {
         let _ = t.await;
     }
+    // Only the connections hold drain receivers now (the accept loops are
+    // gone, and with them their clones of the server).
+    drop(server);
     let _ = drain_tx.send(true);
     tokio::select! {
         _ = drain_tx.closed() => info!("in-flight requests finished"),
         _ = tokio::time::sleep(grace) => warn!(grace_s = grace.as_secs(), "in-flight requests cut at the shutdown deadline"),
     }
+    // Stops the workers: what they still serve is cut.
+    drop(workers);
+    Ok(())
 }
 
 enum Conn {
@@ -191,48 +206,148 @@ async fn accept(l: &Listener) -> std::io::Result<Conn> {
     }
 }
 
+/// What the connections of one server share.
+struct Server {
+    state: Arc<AppState>,
+    drain: watch::Receiver<bool>,
+    /// Where the relay serves connections (none when the relay is off).
+    workers: Option<Arc<workers::ConnWorkers>>,
+    /// The daemon's runtime: hyper and the API handlers.
+    main: tokio::runtime::Handle,
+}
+
+/// One accepted connection, whichever runtime serves it now.
+struct ConnTask {
+    state: Arc<AppState>,
+    conn_id: u64,
+    eviction: conns::Eviction,
+    drain: watch::Receiver<bool>,
+}
+
+impl Drop for ConnTask {
+    fn drop(&mut self) {
+        self.state.unauth.forget(self.conn_id);
+    }
+}
+
+impl Server {
+    fn spawn_conn<S: workers::Movable>(&self, stream: S) {
+        let task = ConnTask::new(&self.state, &self.drain);
+        match &self.workers {
+            Some(w) => {
+                let worker = w.pick();
+                let main = self.main.clone();
+                let handle = worker.worker().handle().clone();
+                workers::move_to(&handle, stream, move |s| async move {
+                    if let Some((task, s, read_ahead, authenticated)) = task.relay(s, worker).await
+                    {
+                        workers::move_to(&main, s, move |s| {
+                            task.hyper(s, read_ahead, authenticated)
+                        });
+                    }
+                });
+            }
+            None => {
+                tokio::spawn(task.hyper(stream, bytes::BytesMut::new(), false));
+            }
+        }
+    }
+}
+
+/// Serves a connection on the current runtime, the relay first when it is
+/// on (tests: any stream, e.g. an in-memory duplex, none moved).
+#[cfg(test)]
 fn spawn_conn<S>(state: &Arc<AppState>, drain: &watch::Receiver<bool>, stream: S)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (conn_id, eviction, evicted) = state.unauth.register();
-    if evicted > 0 {
-        debug!(
-            evicted,
-            cap = state.unauth.cap(),
-            "closed the oldest unauthenticated connection(s) to make room"
-        );
-    }
-    let state = state.clone();
-    let mut drain = drain.clone();
+    let task = ConnTask::new(state, drain);
+    let relay = state.proxy.relay;
     tokio::spawn(async move {
-        tokio::select! {
-            () = serve_conn(&state, stream, conn_id, &mut drain) => {}
-            () = eviction.wait() => {}
+        if !relay {
+            return task.hyper(stream, bytes::BytesMut::new(), false).await;
         }
-        state.unauth.forget(conn_id);
+        if let Some((task, s, read_ahead, authenticated)) =
+            task.relay(stream, workers::Assigned::here()).await
+        {
+            task.hyper(s, read_ahead, authenticated).await;
+        }
     });
 }
 
-/// Serves one connection: the relay first ([`relay`]), hyper from the
-/// first request the relay leaves to it.
-async fn serve_conn<S>(
+impl ConnTask {
+    /// Registers an accepted connection (unauthenticated until its first
+    /// authenticated request).
+    fn new(state: &Arc<AppState>, drain: &watch::Receiver<bool>) -> ConnTask {
+        let (conn_id, eviction, evicted) = state.unauth.register();
+        if evicted > 0 {
+            debug!(
+                evicted,
+                cap = state.unauth.cap(),
+                "closed the oldest unauthenticated connection(s) to make room"
+            );
+        }
+        ConnTask {
+            state: state.clone(),
+            conn_id,
+            eviction,
+            drain: drain.clone(),
+        }
+    }
+
+    /// Serves the connection in the relay ([`relay`]) on `worker`'s
+    /// runtime. Returns what hyper needs when the relay leaves a request
+    /// to it (at the start of the read-ahead), `None` when the connection
+    /// is over.
+    async fn relay<S>(
+        mut self,
+        mut stream: S,
+        worker: workers::Assigned,
+    ) -> Option<(ConnTask, S, bytes::BytesMut, bool)>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut read_ahead = bytes::BytesMut::new();
+        let mut relay = relay::Relay::new(self.state.clone(), self.conn_id, worker);
+        let end = tokio::select! {
+            end = relay.serve(&mut stream, &mut read_ahead, &mut self.drain) => end,
+            () = self.eviction.wait() => return None,
+        };
+        if end == relay::End::Closed {
+            return None;
+        }
+        // The relay's kept upstream connections are parked with its
+        // worker as it goes.
+        let authenticated = relay.authenticated();
+        Some((self, stream, read_ahead, authenticated))
+    }
+
+    /// Serves the connection with hyper from the request at the start of
+    /// `read_ahead` on.
+    async fn hyper<S>(mut self, stream: S, read_ahead: bytes::BytesMut, authenticated: bool)
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (id, state) = (self.conn_id, &self.state);
+        tokio::select! {
+            () = serve_hyper(state, stream, read_ahead, authenticated, id, &mut self.drain) => {}
+            () = self.eviction.wait() => {}
+        }
+    }
+}
+
+/// Serves one connection with hyper, from the request at the start of
+/// `read_ahead` on (the relay left it, or the relay is off).
+async fn serve_hyper<S>(
     state: &Arc<AppState>,
-    mut stream: S,
+    stream: S,
+    read_ahead: bytes::BytesMut,
+    authenticated: bool,
     conn_id: u64,
     drain: &mut watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let mut read_ahead = bytes::BytesMut::new();
-    let mut authenticated = false;
-    if state.proxy.relay {
-        let mut relay = relay::Relay::new(state.clone(), conn_id);
-        if relay.serve(&mut stream, &mut read_ahead, drain).await == relay::End::Closed {
-            return;
-        }
-        authenticated = relay.authenticated();
-    }
     let svc_state = state.clone();
     // This connection's upstream connections, driven by its own task.
     let upstreams = Arc::new(upstream::ConnUpstreams::new(state.upstream_pool.clone()));

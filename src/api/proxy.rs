@@ -129,6 +129,9 @@ pub struct ProxySettings {
     pub body_idle_timeout: Duration,
     /// Plain proxied requests go through the relay ([`super::relay`]).
     pub relay: bool,
+    /// The relay's connection workers ([`super::workers`]): as many as the
+    /// daemon has tokio workers.
+    pub workers: usize,
 }
 
 impl ProxySettings {
@@ -138,6 +141,9 @@ impl ProxySettings {
             head_timeout: Duration::from_secs(cfg.proxy_head_timeout_seconds()),
             body_idle_timeout: Duration::from_secs(cfg.proxy.body_idle_timeout_seconds),
             relay: cfg.proxy.relay,
+            workers: cfg
+                .worker_threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         })
     }
 }

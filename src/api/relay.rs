@@ -61,6 +61,7 @@ use super::error::ApiError;
 use super::proxy::{known, Known};
 use super::routes::{self, Route, PROXY_METHODS};
 use super::upstream::{self, Reusable, Upstream, UpstreamPool};
+use super::workers::Assigned;
 use super::{AppState, RespBody};
 use crate::lifecycle::{LifecycleError, PinCache, ProxyPin};
 use crate::model::SandboxRecord;
@@ -137,6 +138,9 @@ enum Outcome {
 pub struct Relay {
     state: Arc<AppState>,
     conn_id: u64,
+    /// The connection worker serving it (its upstream connections are
+    /// registered with that worker's driver and parked in its pool).
+    worker: Assigned,
     authenticated: bool,
     /// Idle upstream connections this client connection keeps.
     ups: Vec<Upstream<TcpStream>>,
@@ -523,10 +527,11 @@ fn client_head(
 }
 
 impl Relay {
-    pub fn new(state: Arc<AppState>, conn_id: u64) -> Self {
+    pub fn new(state: Arc<AppState>, conn_id: u64, worker: Assigned) -> Self {
         Relay {
             state,
             conn_id,
+            worker,
             authenticated: false,
             ups: Vec::new(),
             hdrs: Vec::with_capacity(1024),
@@ -747,7 +752,7 @@ impl Relay {
             }
         }
         // The pool hands out reusable connections only.
-        if let Some(u) = self.state.relay_pool.take(id, generation) {
+        if let Some(u) = self.worker.take_parked(id, generation) {
             return Ok((u, false));
         }
         let stream = self.state.lifecycle.connect(id, generation).await?.stream;
@@ -1094,7 +1099,7 @@ impl Drop for Relay {
     fn drop(&mut self) {
         // The kept connections are idle: the next client connection may
         // use them.
-        self.state.relay_pool.park(self.ups.drain(..));
+        self.worker.park(self.ups.drain(..));
     }
 }
 

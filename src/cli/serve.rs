@@ -379,7 +379,8 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         shutdown,
         Duration::from_secs(cfg.shutdown_grace_seconds),
     )
-    .await;
+    .await
+    .context("cannot start the relay's connection workers")?;
     backend_handle.shutdown().await;
     if cfg.stop_sandboxes_on_exit {
         info!(

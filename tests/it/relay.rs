@@ -667,3 +667,59 @@ async fn kept_connections_closed_by_the_sandbox_are_let_go() {
     }
     assert_eq!(fds(), before - 1, "the closed upstream connection was kept");
 }
+
+/// The relay serves connections on `SANDBOXD_WORKER_THREADS` connection
+/// workers (threads `sandboxd-conn-N`), each with its own pool of idle
+/// upstream connections; a connection reuses the one a closed connection
+/// parked, whichever worker each was served by.
+#[tokio::test]
+async fn parked_upstream_connections_are_reused_across_connection_workers() {
+    let (d, mut rx) = daemon(&[("SANDBOXD_WORKER_THREADS", "2")]).await;
+    let mut workers: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .filter(|c| c.starts_with("sandboxd-conn-"))
+        .collect();
+    workers.sort();
+    assert_eq!(workers, ["sandboxd-conn-0", "sandboxd-conn-1"]);
+    while rx.try_recv().is_ok() {}
+    // Each step waits for the daemon to take the connection or see it
+    // closed.
+    let settle = || tokio::time::sleep(Duration::from_millis(200));
+    let open = async || {
+        let c = TcpStream::connect(d.addr).await.unwrap();
+        settle().await;
+        c
+    };
+    let ask = async |c: &mut TcpStream| {
+        let mut buf = Vec::new();
+        c.write_all(get("/api/sandboxes/rl/proxy/length", "").as_bytes())
+            .await
+            .unwrap();
+        let r = read_response(c, &mut buf, false).await.unwrap();
+        assert_eq!(r.status, 200);
+    };
+    // a and b on one worker each; a's upstream connection parked on a's.
+    let mut a = open().await;
+    let b = open().await;
+    ask(&mut a).await;
+    drop(a);
+    settle().await;
+    // The next one goes to a's worker, so once b is gone the one after
+    // goes to b's: it takes the connection parked on the other worker.
+    let _c = open().await;
+    drop(b);
+    settle().await;
+    let mut e = open().await;
+    ask(&mut e).await;
+    let mut seen = Vec::new();
+    while let Ok((conn, path)) = rx.try_recv() {
+        seen.push((conn, path));
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        seen[0].0, seen[1].0,
+        "one upstream connection for both: {seen:?}"
+    );
+}
