@@ -184,6 +184,9 @@ pub async fn serve(
     // Only the connections hold drain receivers now (the accept loops are
     // gone, and with them their clones of the server).
     drop(server);
+    if let Some(w) = &workers {
+        w.drain();
+    }
     let _ = drain_tx.send(true);
     tokio::select! {
         _ = drain_tx.closed() => info!("in-flight requests finished"),
@@ -239,7 +242,9 @@ impl Server {
                 let main = self.main.clone();
                 let handle = worker.worker().handle().clone();
                 workers::move_to(&handle, stream, move |s| async move {
-                    if let Some((task, s, read_ahead, authenticated)) = task.relay(s, worker).await
+                    let shutdown = worker.drain_signal();
+                    if let Some((task, s, read_ahead, authenticated)) =
+                        task.relay(s, worker, shutdown).await
                     {
                         workers::move_to(&main, s, move |s| {
                             task.hyper(s, read_ahead, authenticated)
@@ -267,8 +272,10 @@ where
         if !relay {
             return task.hyper(stream, bytes::BytesMut::new(), false).await;
         }
-        if let Some((task, s, read_ahead, authenticated)) =
-            task.relay(stream, workers::Assigned::here()).await
+        let shutdown = task.drain.clone();
+        if let Some((task, s, read_ahead, authenticated)) = task
+            .relay(stream, workers::Assigned::here(), shutdown)
+            .await
         {
             task.hyper(s, read_ahead, authenticated).await;
         }
@@ -296,13 +303,16 @@ impl ConnTask {
     }
 
     /// Serves the connection in the relay ([`relay`]) on `worker`'s
-    /// runtime. Returns what hyper needs when the relay leaves a request
-    /// to it (at the start of the read-ahead), `None` when the connection
-    /// is over.
+    /// runtime, closing it between requests once `shutdown` is `true` (the
+    /// worker's copy of the drain signal; the connection still holds the
+    /// server's, so the server sees when it is gone). Returns what hyper
+    /// needs when the relay leaves a request to it (at the start of the
+    /// read-ahead), `None` when the connection is over.
     async fn relay<S>(
         mut self,
         mut stream: S,
         worker: workers::Assigned,
+        mut shutdown: watch::Receiver<bool>,
     ) -> Option<(ConnTask, S, bytes::BytesMut, bool)>
     where
         S: AsyncRead + AsyncWrite + Unpin,
@@ -310,7 +320,7 @@ impl ConnTask {
         let mut read_ahead = bytes::BytesMut::new();
         let mut relay = relay::Relay::new(self.state.clone(), self.conn_id, worker);
         let end = tokio::select! {
-            end = relay.serve(&mut stream, &mut read_ahead, &mut self.drain) => end,
+            end = relay.serve(&mut stream, &mut read_ahead, &mut shutdown) => end,
             () = self.eviction.wait() => return None,
         };
         if end == relay::End::Closed {

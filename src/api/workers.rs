@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tracing::{debug, warn};
 
 use super::relay::RawPool;
@@ -69,6 +69,10 @@ pub struct Worker {
     pool: RawPool,
     /// Connections it serves now.
     conns: AtomicUsize,
+    /// `true` once the server drains: what its connections watch between
+    /// requests. One per worker, so that waiting for it (which locks the
+    /// watch's list of waiters) is never shared between threads.
+    drain: watch::Sender<bool>,
 }
 
 impl Worker {
@@ -77,6 +81,7 @@ impl Worker {
             handle,
             pool: RawPool::default(),
             conns: AtomicUsize::new(0),
+            drain: watch::channel(false).0,
         }
     }
 
@@ -131,6 +136,11 @@ impl Assigned {
             }
         }
         None
+    }
+
+    /// What says the server drains, for this worker's connections.
+    pub fn drain_signal(&self) -> watch::Receiver<bool> {
+        self.worker().drain.subscribe()
     }
 
     /// Parks idle upstream connections with this worker.
@@ -188,6 +198,13 @@ impl ConnWorkers {
             .min_by_key(|&i| self.workers[i].conns.load(Ordering::Relaxed))
             .expect("at least one worker");
         Assigned::new(self.workers.clone(), index)
+    }
+
+    /// Asks every worker's connections to finish their request and close.
+    pub fn drain(&self) {
+        for w in self.workers.iter() {
+            w.drain.send_replace(true);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -319,5 +336,26 @@ mod tests {
         });
         assert_eq!(&rx.await.unwrap(), b"hi", "and works on worker 1");
         assert_eq!(w.workers[0].pool.parked(), 0);
+    }
+
+    #[tokio::test]
+    async fn drain_reaches_every_worker_and_later_connections() {
+        let w = ConnWorkers::start(2).unwrap();
+        let (a, b) = (w.pick(), w.pick());
+        let (mut sa, mut sb) = (a.drain_signal(), b.drain_signal());
+        assert!(!*sa.borrow_and_update());
+        w.drain();
+        let ms = std::time::Duration::from_millis(1000);
+        tokio::time::timeout(ms, sa.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::timeout(ms, sb.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(*sa.borrow() && *sb.borrow());
+        // A connection that comes after the drain sees it at once.
+        assert!(*w.pick().drain_signal().borrow());
     }
 }

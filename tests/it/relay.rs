@@ -723,3 +723,38 @@ async fn parked_upstream_connections_are_reused_across_connection_workers() {
         "one upstream connection for both: {seen:?}"
     );
 }
+
+/// At a SIGTERM every connection worker closes its idle keep-alive
+/// connections (each watches its own copy of the drain signal) and the
+/// daemon exits.
+#[tokio::test]
+async fn idle_connections_on_every_worker_close_at_shutdown() {
+    let (mut d, _rx) = daemon(&[("SANDBOXD_WORKER_THREADS", "2")]).await;
+    let mut conns = Vec::new();
+    // Two connections open at once: one on each worker.
+    for _ in 0..2 {
+        let mut c = TcpStream::connect(d.addr).await.unwrap();
+        let mut buf = Vec::new();
+        c.write_all(get("/api/sandboxes/rl/proxy/length", "").as_bytes())
+            .await
+            .unwrap();
+        let r = read_response(&mut c, &mut buf, false).await.unwrap();
+        assert_eq!(r.status, 200);
+        conns.push(c);
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    for mut c in conns {
+        let mut b = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut b))
+            .await
+            .expect("an idle connection left open after the SIGTERM")
+            .unwrap();
+        assert_eq!(n, 0, "closed without a response");
+    }
+    let status = d.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
