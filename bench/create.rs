@@ -140,13 +140,24 @@ fn start_daemon_with(
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(&addr).is_ok() {
-            break;
+    let mut daemon = Daemon { child, addr };
+    for _ in 0..600 {
+        if std::net::TcpStream::connect(&daemon.addr).is_ok() {
+            return daemon;
+        }
+        // A daemon that cannot start says why on stderr (inherited, above)
+        // and exits: stop here rather than on the first refused request.
+        // (A panic, not an exit: the daemons already started are stopped
+        // by their drops.)
+        if let Ok(Some(status)) = daemon.child.try_wait() {
+            panic!("the daemon ({name}) exited with {status} before listening; its error is above");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Daemon { child, addr }
+    panic!(
+        "the daemon ({name}) did not listen on {} within 30 s",
+        daemon.addr
+    )
 }
 
 /// Times `runtime run -d` of `bundle` until the agent answers, then

@@ -11,6 +11,10 @@
 # second bench can run beside another one.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The daemon's default network mode (egress) runs `nft` for its policy.
+if ! command -v nft >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null
+fi
 if ! command -v runc >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc >/dev/null
 fi
