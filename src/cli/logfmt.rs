@@ -150,9 +150,84 @@ pub fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
         }))
 }
 
+/// Crates whose warnings are noise for an operator, held at `error`:
+/// libcgroups warns about every v1 controller a host lacks, on every cgroup
+/// it opens; netlink-packet-route about every attribute newer than it on
+/// every link dump (kernels newer than the crate).
+const QUIET: &[&str] = &["libcgroups", "netlink_packet_route"];
+
+/// The `tracing` filter: `RUST_LOG` when set and non-empty (else `info`),
+/// with `<crate>=error` appended for each [`QUIET`] crate it does not name,
+/// so `RUST_LOG=warn` or `debug` still keeps their noise out while
+/// `RUST_LOG=info,libcgroups=debug` shows it.
+pub fn filter_directives(rust_log: Option<&str>) -> String {
+    let base = rust_log
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("info");
+    let named = |krate: &str| {
+        base.split(',').any(|d| {
+            let target = d.trim().split(['=', '[']).next().unwrap_or("");
+            target == krate || target.starts_with(&format!("{krate}::"))
+        })
+    };
+    let mut spec = base.to_string();
+    for krate in QUIET.iter().filter(|k| !named(k)) {
+        spec.push_str(&format!(",{krate}=error"));
+    }
+    spec
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filter_keeps_dependency_noise_out_unless_named() {
+        let quiet = ",libcgroups=error,netlink_packet_route=error";
+        assert_eq!(filter_directives(None), format!("info{quiet}"));
+        assert_eq!(filter_directives(Some("  ")), format!("info{quiet}"));
+        assert_eq!(filter_directives(Some("warn")), format!("warn{quiet}"));
+        assert_eq!(
+            filter_directives(Some("sandboxd=debug,info")),
+            format!("sandboxd=debug,info{quiet}")
+        );
+        assert_eq!(
+            filter_directives(Some("info,libcgroups=debug")),
+            "info,libcgroups=debug,netlink_packet_route=error"
+        );
+        assert_eq!(
+            filter_directives(Some("netlink_packet_route::link[x]=trace")),
+            "netlink_packet_route::link[x]=trace,libcgroups=error"
+        );
+        // A crate whose name only starts with a quiet one is not it.
+        assert_eq!(
+            filter_directives(Some("libcgroupsx=debug")),
+            format!("libcgroupsx=debug{quiet}")
+        );
+        // Every result is a filter tracing accepts, and it filters.
+        use tracing_subscriber::layer::SubscriberExt;
+        let f = tracing_subscriber::EnvFilter::try_new(filter_directives(Some("warn"))).unwrap();
+        let buf = Buf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::registry().with(f).with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(move || w.clone())
+                .with_ansi(false),
+        );
+        tracing::subscriber::with_default(sub, || {
+            tracing::warn!(target: "netlink_packet_route::link::buffer_tool", "noise");
+            tracing::error!(target: "libcgroups::v1", "kept");
+            tracing::warn!(target: "sandboxd::api", "ours");
+            tracing::info!(target: "sandboxd::api", "below warn");
+        });
+        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            !out.contains("noise") && !out.contains("below warn"),
+            "{out}"
+        );
+        assert!(out.contains("kept") && out.contains("ours"), "{out}");
+    }
     use std::sync::{Arc, Mutex};
     use tracing::Instrument;
 

@@ -35,16 +35,13 @@ pub fn init_logging(format: LogFormat) {
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let format = format.resolve(tty, super::logfmt::stderr_is_journal());
     let filter = || {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            // libcgroups warns about every v1 controller a host lacks, on every
-            // cgroup it opens: keep that out of the default log.
-            // netlink-packet-route warns about every attribute newer than it on
-            // every link dump.
-            .unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(
-                    "info,libcgroups=error,netlink_packet_route=error",
-                )
-            })
+        let rust_log = std::env::var("RUST_LOG").ok();
+        let spec = super::logfmt::filter_directives(rust_log.as_deref());
+        tracing_subscriber::EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+            let given = rust_log.unwrap_or_default();
+            eprintln!("sandboxd: RUST_LOG={given:?} is not a valid filter ({e}); logging at info");
+            tracing_subscriber::EnvFilter::new(super::logfmt::filter_directives(None))
+        })
     };
     // Span and event fields as journal fields (SANDBOX_ID, GENERATION);
     // without a reachable journal socket, JSON lines on stderr and a warning.
