@@ -355,7 +355,14 @@ impl NativeDirs {
                 .trim_start_matches("sandboxd-test-")
         );
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 512;
+        // `SANDBOXD_TEST_SLOT_BASE` shifts the slots, so two test runs on
+        // one machine at once (two checkouts) never share a table, a veth
+        // prefix or an address pool.
+        let base: u32 = std::env::var("SANDBOXD_TEST_SLOT_BASE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let n = (base + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) % 512;
         NativeDirs {
             root,
             cgroup_parent,
