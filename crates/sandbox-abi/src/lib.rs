@@ -6,11 +6,15 @@
 //! between the daemon and `sandbox-init` ([`handoff`]), no-follow host paths
 //! ([`paths`]), the one `/proc/<pid>/stat` parser ([`procfs`]) and
 //! crash-injection points for tests ([`failpoint`], a cargo feature), and
-//! the per-incarnation agent credential's names ([`credential`]).
+//! the per-incarnation agent credential's names ([`credential`]), the
+//! compiled seccomp filter stack the daemon hands the launcher ([`bpf`])
+//! and the cgroup mounts and the launcher's cgroup join ([`cgroupfs`]).
 //!
 //! Who may depend on whom is in `docs/architecture.md`: every other crate of
 //! the workspace may use this one; this one uses none of them.
 
+pub mod bpf;
+pub mod cgroupfs;
 pub mod claim;
 pub mod credential;
 pub mod failpoint;
@@ -22,3 +26,18 @@ pub mod mountapi;
 pub mod paths;
 pub mod procfs;
 pub mod request;
+
+/// `N` bytes from the kernel's random source (`getrandom(2)`, blocking
+/// until it is seeded, as `rand`'s generators are seeded from it).
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut filled = 0;
+    while filled < N {
+        match rustix::rand::getrandom(&mut out[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => panic!("getrandom: {e}"),
+        }
+    }
+    out
+}

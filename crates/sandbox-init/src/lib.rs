@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 
 use nix::sched::CloneFlags;
 use nix::unistd::ForkResult;
-use oci_spec::runtime::{LinuxNamespaceType, Spec};
-
 pub mod mounts;
 pub mod process;
+pub mod spec;
 pub mod userns;
+
+use spec::{LinuxNamespaceType, Spec};
 
 use sandbox_abi::failpoint::Point;
 use sandbox_abi::handoff::{
@@ -268,21 +269,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
                 sandbox_abi::handoff::ROOT_SKELETON_ANNOTATION
             ))
         })?;
-    let caps_wanted = process
-        .capabilities()
-        .as_ref()
-        .map(|c| {
-            [
-                c.bounding(),
-                c.effective(),
-                c.permitted(),
-                c.inheritable(),
-                c.ambient(),
-            ]
-            .iter()
-            .any(|s| s.as_ref().is_some_and(|s| !s.is_empty()))
-        })
-        .unwrap_or(false);
+    let caps_wanted = process.capabilities().as_ref().is_some_and(|c| c.any());
     if caps_wanted {
         return Err(InitError::Spec(
             "sandbox-init grants no capabilities; the spec lists some".into(),
@@ -317,7 +304,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //    installed last, right before exec.
     let filters = match &args.seccomp_bpf {
         Some(path) => Some(load_seccomp_bpf(path)?),
-        None => compile_seccomp(&cfg)?,
+        None => compile_seccomp(&cfg, spec.has_seccomp())?,
     };
     // Test-only crash injection (a no-op in release builds).
     let mut failpoints = sandbox_abi::failpoint::InitPoints::from_env();
@@ -543,8 +530,7 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
 
     // 18. seccomp, the very last step: from here on only exec runs.
     if let Some(f) = &filters {
-        sandbox_seccomp::wire::install_programs(f)
-            .map_err(|e| InitError::Seccomp(e.to_string()))?;
+        sandbox_abi::bpf::install(f).map_err(|e| InitError::Seccomp(e.to_string()))?;
     }
 
     // 19. exec the payload.
@@ -570,9 +556,7 @@ fn make_private() -> Result<(), InitError> {
 }
 
 /// The spec's `linux.uidMappings`/`gidMappings`.
-fn id_maps(
-    maps: Option<&[oci_spec::runtime::LinuxIdMapping]>,
-) -> Result<Vec<userns::IdMap>, InitError> {
+fn id_maps(maps: Option<&[spec::LinuxIdMapping]>) -> Result<Vec<userns::IdMap>, InitError> {
     let maps: Vec<userns::IdMap> = maps
         .unwrap_or_default()
         .iter()
@@ -623,40 +607,30 @@ fn chdir_reason(e: rustix::io::Errno) -> String {
 }
 
 /// Moves this process into the cgroup named by `linux.cgroupsPath`
-/// (`/<parent>/<sandbox_id>`, created and limited by the daemon).
+/// (`/<parent>/<sandbox_id>`, created and limited by the daemon): its PID
+/// written into `cgroup.procs` of every hierarchy (`sandbox-abi`'s
+/// `cgroupfs`, the layout parser the daemon's `sandbox-cgroups` uses).
 fn join_cgroup(spec: &Spec) -> Result<(), InitError> {
     let Some(path) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) else {
         return Ok(());
     };
-    let e = |m: String| InitError::JoinCgroup(format!("{}: {m}", path.display()));
-    let id = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| e("no sandbox id in the path".into()))?;
-    let parent = path
-        .parent()
-        .map(|p| p.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let root = sandbox_cgroups::CgroupRoot::detect(&parent).map_err(|x| e(x.to_string()))?;
-    let cg = root
-        .open(id)
-        .map_err(|x| e(x.to_string()))?
-        .ok_or_else(|| e("the cgroup does not exist".into()))?;
-    cg.add_task(std::process::id() as i32)
-        .map_err(|x| e(x.to_string()))
+    sandbox_abi::cgroupfs::join_host(&path, std::process::id())
+        .map_err(|m| InitError::JoinCgroup(format!("{}: {m}", path.display())))
 }
 
 /// Reads the filter stack the daemon compiled (see `--seccomp-bpf`).
-fn load_seccomp_bpf(path: &Path) -> Result<Vec<sandbox_seccomp::wire::Program>, InitError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| InitError::Seccomp(format!("cannot read {}: {e}", path.display())))?;
-    sandbox_seccomp::wire::decode(&bytes, &path.display().to_string())
-        .map_err(|e| InitError::Seccomp(e.to_string()))
+fn load_seccomp_bpf(path: &Path) -> Result<Vec<sandbox_abi::bpf::Program>, InitError> {
+    sandbox_abi::bpf::read(path).map_err(|e| InitError::Seccomp(e.to_string()))
 }
 
 /// Compiles the `linux.seccomp` section of `config.json` exactly as
-/// written there (the profile in OCI format, with its comments).
-fn compile_seccomp(cfg: &Path) -> Result<Option<Vec<sandbox_seccomp::wire::Program>>, InitError> {
+/// written there (the profile in OCI format, with its comments): a bundle
+/// run by hand (feature `compile`).
+#[cfg(feature = "compile")]
+fn compile_seccomp(
+    cfg: &Path,
+    _present: bool,
+) -> Result<Option<Vec<sandbox_abi::bpf::Program>>, InitError> {
     let text = std::fs::read_to_string(cfg).map_err(|e| InitError::LoadSpec {
         path: cfg.to_path_buf(),
         message: e.to_string(),
@@ -673,14 +647,24 @@ fn compile_seccomp(cfg: &Path) -> Result<Option<Vec<sandbox_seccomp::wire::Progr
         .map_err(|e| InitError::Seccomp(e.to_string()))?;
     let compiled =
         sandbox_seccomp::compile(&profile).map_err(|e| InitError::Seccomp(e.to_string()))?;
-    Ok(Some(
-        compiled
-            .filters
-            .into_iter()
-            .map(|f| sandbox_seccomp::wire::Program {
-                name: f.name,
-                program: f.program,
-            })
-            .collect(),
-    ))
+    Ok(Some(sandbox_seccomp::wire::programs(&compiled)))
+}
+
+/// Without the `compile` feature (the launcher the daemon ships) a bundle
+/// with a profile needs its compiled stack handed over: it is refused
+/// rather than run without its filter.
+#[cfg(not(feature = "compile"))]
+fn compile_seccomp(
+    cfg: &Path,
+    present: bool,
+) -> Result<Option<Vec<sandbox_abi::bpf::Program>>, InitError> {
+    if present {
+        return Err(InitError::Seccomp(format!(
+            "{} has a seccomp profile (linux.seccomp) and no compiled filter stack was \
+             handed over ({SECCOMP_BPF_ARG}); this sandbox-init is built without the \
+             `compile` feature that would compile it",
+            cfg.display()
+        )));
+    }
+    Ok(None)
 }

@@ -8,9 +8,9 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::spec::{LinuxDevice, LinuxDeviceType, Mount};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
-use oci_spec::runtime::{LinuxDevice, LinuxDeviceType, Mount};
 
 use super::InitError;
 use crate::userns::IdMap;

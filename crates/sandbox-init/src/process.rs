@@ -3,9 +3,9 @@
 
 use std::os::fd::RawFd;
 
+use crate::spec::{PosixRlimit, PosixRlimitType, User};
 use caps::CapSet;
 use nix::sys::resource::{setrlimit, Resource};
-use oci_spec::runtime::{PosixRlimit, PosixRlimitType, User};
 
 use super::InitError;
 
