@@ -17,7 +17,10 @@ use nix::unistd::ForkResult;
 pub mod mounts;
 pub mod process;
 pub mod spec;
+pub mod sys;
 pub mod userns;
+
+use sys::Sys;
 
 use spec::{LinuxNamespaceType, Spec};
 
@@ -191,8 +194,9 @@ pub fn main_with(args: Args) -> i32 {
         Some(fd) => unsafe { Reporter::from_raw(fd) },
         None => Reporter::none(),
     };
-    match launch(&args, &reporter) {
-        Ok(never) => match never {},
+    match launch(&mut sys::Host, &args, &reporter) {
+        // The launcher's parent: the child's PID is reported.
+        Ok(Launched::Parent) => 0,
         Err(e) => {
             reporter.send(&Report::Failed {
                 step: e.step().to_string(),
@@ -224,8 +228,22 @@ fn cstring(s: &str) -> Result<CString, InitError> {
     CString::new(s).map_err(|_| InitError::Spec(format!("{s:?} contains a NUL byte")))
 }
 
-/// The launch sequence, top to bottom. Each step says why it is where it is.
-fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, InitError> {
+/// How [`launch`] returns when it does not fail: in the parent, once the
+/// child's PID is reported (the child returns only on failure: it
+/// becomes the payload).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Launched {
+    Parent,
+}
+
+/// The launch sequence, top to bottom. Each step says why it is where it
+/// is; every privileged call goes through `sys` ([`sys::Host`] in the
+/// binary, a recording fake in the tests).
+pub fn launch<S: Sys>(
+    sys: &mut S,
+    args: &Args,
+    reporter: &Reporter,
+) -> Result<Launched, InitError> {
     // 1. Load the spec: the bundle's config.json is the only description of
     //    the container. Everything that can fail for a bad spec fails here,
     //    before anything is created.
@@ -233,7 +251,8 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     // Read whole, then parsed from the slice (`Spec::load` parses from a
     // reader, byte by byte: several times slower on the 110 KiB with the
     // seccomp profile).
-    let spec: Spec = std::fs::read(&cfg)
+    let spec: Spec = sys
+        .read_config(&cfg)
         .map_err(|e| e.to_string())
         .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
         .map_err(|message| InitError::LoadSpec {
@@ -302,21 +321,20 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //    daemon compiled at start (`--seccomp-bpf`), else the bundle's
     //    `linux.seccomp` compiled here (a bundle run by hand). They are
     //    installed last, right before exec.
-    let filters = match &args.seccomp_bpf {
-        Some(path) => Some(load_seccomp_bpf(path)?),
-        None => compile_seccomp(&cfg, spec.has_seccomp())?,
-    };
+    let filters = sys.load_seccomp(args.seccomp_bpf.as_deref(), &cfg, spec.has_seccomp())?;
     // Test-only crash injection (a no-op in release builds).
     let mut failpoints = sandbox_abi::failpoint::InitPoints::from_env();
 
     // 4. Join the sandbox's cgroup before any namespace or payload exists,
     //    so every process of the sandbox is accounted and limited from its
     //    first instruction (children inherit the cgroup).
-    join_cgroup(&spec)?;
+    if let Some(path) = linux.cgroups_path() {
+        sys.join_cgroup(path)?;
+    }
     let all_mounts = spec.mounts().clone().unwrap_or_default();
     // 4p. A warm-pool member's attach points, copied while still in the
     //     daemon's mount namespace (see mounts::SlaveTrees).
-    let mut slaves = mounts::SlaveTrees::open(&all_mounts)?;
+    let mut slaves = sys.open_slaves(&all_mounts)?;
 
     // 5. New namespaces. The cgroup namespace comes after joining, so the
     //    sandbox sees its own cgroup as the root. A new PID namespace only
@@ -348,27 +366,27 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         let gid = id_maps(linux.gid_mappings().as_deref())?;
         let owner = userns::to_host(&uid, 0)
             .ok_or_else(|| InitError::Spec("linux.uidMappings does not map uid 0".into()))?;
-        let (ns, holder) = userns::create(&uid, &gid, owner).map_err(InitError::Userns)?;
+        let (ns, holder) = sys.create_userns(&uid, &gid, owner)?;
         failpoints.keep_a_killer();
-        nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(InitError::Unshare)?;
-        make_private()?;
+        sys.unshare(CloneFlags::CLONE_NEWNS)?;
+        sys.make_private()?;
         if let Some(sk) = &skeleton {
-            mounts::root_tmpfs(&rootfs, sk)?;
+            sys.root_tmpfs(&rootfs, sk)?;
         }
         let idmap = mounts::Idmap {
             userns: std::os::fd::AsFd::as_fd(&ns),
             uid: &uid,
             gid: &gid,
         };
-        mounts::bind_rootfs(&rootfs)?;
-        for m in spec.mounts().clone().unwrap_or_default() {
-            if mounts::is_deferred(&m) {
-                mounts::make_mount_point(&mounts::beneath(&rootfs, m.destination()), false)?;
-            } else if !slaves.apply(&rootfs, &m)? {
-                mounts::apply(&rootfs, &m, Some(&idmap))?;
+        sys.bind_rootfs(&rootfs)?;
+        for m in &all_mounts {
+            if mounts::is_deferred(m) {
+                sys.make_mount_point(&mounts::beneath(&rootfs, m.destination()))?;
+            } else {
+                sys.mount(&rootfs, m, Some(&mut slaves), Some(&idmap))?;
             }
         }
-        mounts::create_devices(
+        sys.create_devices(
             &rootfs,
             &linux.devices().clone().unwrap_or_default(),
             Some(&uid),
@@ -376,43 +394,36 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         )?;
         // The root read-only now, so that the copy below locks it so.
         if root.readonly() == Some(true) {
-            mounts::remount_readonly(&rootfs)?;
+            sys.remount_readonly(&rootfs)?;
         }
         // PID 1 works from here (the sandbox's root may not search the
         // daemon's state directory); the next unshare carries the
         // current directory into the new mount namespace.
-        nix::unistd::chdir(&rootfs).map_err(|e| InitError::Mount {
-            step: "chdir rootfs",
-            path: rootfs.clone(),
-            message: e.to_string(),
-        })?;
-        process::set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
+        sys.chdir(&rootfs)?;
+        sys.set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
         if let Some(score) = process.oom_score_adj() {
-            process::set_oom_score_adj(score)?;
+            sys.set_oom_score_adj(score)?;
         }
-        userns::enter(&ns).map_err(InitError::Userns)?;
-        drop(ns);
-        nix::sched::unshare(flags - CloneFlags::CLONE_NEWUSER).map_err(InitError::Unshare)?;
+        sys.enter_userns(ns)?;
+        sys.unshare(flags - CloneFlags::CLONE_NEWUSER)?;
         // Exited long ago: reap it before the fork.
         drop(holder);
     } else {
-        nix::sched::unshare(flags).map_err(InitError::Unshare)?;
+        sys.unshare(flags)?;
     }
     failpoints.hit(Point::InitAfterNamespaces);
 
     // 6. Fork: the child is PID 1 of the new PID namespace. The parent
     //    reports the child's host PID and exits; the child is re-parented
     //    to the daemon (a subreaper) or the host's init.
-    // SAFETY: this process is single-threaded, so the child may run
-    // arbitrary code after fork.
-    match unsafe { nix::unistd::fork() }.map_err(InitError::Fork)? {
+    match sys.fork()? {
         ForkResult::Parent { child } => {
             failpoints.before_pid_report();
             reporter.send(&Report::Pid {
                 pid: child.as_raw(),
             });
             failpoints.after_pid_report();
-            std::process::exit(0);
+            return Ok(Launched::Parent);
         }
         ForkResult::Child => failpoints.after_fork_child(),
     }
@@ -421,36 +432,30 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
         // 8u. The mounts left for the sandbox's own namespaces, relative
         //     to the rootfs (the current directory), then a fresh,
         //     unlocked copy of the rootfs for pivot_root.
-        for m in spec.mounts().clone().unwrap_or_default() {
-            if mounts::is_deferred(&m) {
-                mounts::apply(Path::new("."), &m, None)?;
+        for m in &all_mounts {
+            if mounts::is_deferred(m) {
+                sys.mount(Path::new("."), m, None, None)?;
             }
         }
         failpoints.hit(Point::InitAfterMounts);
-        userns::reattach_cwd().map_err(|message| InitError::Mount {
-            step: "reattach rootfs",
-            path: rootfs.clone(),
-            message,
-        })?;
-        mounts::pivot(Path::new("."))?;
+        sys.reattach_cwd(&rootfs)?;
+        sys.pivot(Path::new("."))?;
     } else {
         // 7. Make every mount private before touching anything, so no
         //    mount made below propagates to the host.
-        make_private()?;
+        sys.make_private()?;
         if let Some(sk) = &skeleton {
-            mounts::root_tmpfs(&rootfs, sk)?;
+            sys.root_tmpfs(&rootfs, sk)?;
         }
 
         // 8. The rootfs and the mount table, in the spec's order (tmpfs
         //    homes before the binds inside them). Bind sources are opened
         //    without following any symlink and mounted from the fd.
-        mounts::bind_rootfs(&rootfs)?;
-        for m in spec.mounts().clone().unwrap_or_default() {
-            if !slaves.apply(&rootfs, &m)? {
-                mounts::apply(&rootfs, &m, None)?;
-            }
+        sys.bind_rootfs(&rootfs)?;
+        for m in &all_mounts {
+            sys.mount(&rootfs, m, Some(&mut slaves), None)?;
         }
-        mounts::create_devices(
+        sys.create_devices(
             &rootfs,
             &linux.devices().clone().unwrap_or_default(),
             None,
@@ -460,28 +465,28 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
 
         // 9. pivot_root into the rootfs and detach the host's root: from
         //    here on no host path is reachable.
-        mounts::pivot(&rootfs)?;
+        sys.pivot(&rootfs)?;
     }
 
     // 10. Masked and read-only paths (inside the new root, over the new
     //     /proc and /sys), then the root itself read-only.
     for p in linux.masked_paths().clone().unwrap_or_default() {
-        mounts::mask(Path::new(&p))?;
+        sys.mask(Path::new(&p))?;
     }
     for p in linux.readonly_paths().clone().unwrap_or_default() {
-        mounts::make_readonly(Path::new(&p))?;
+        sys.make_readonly(Path::new(&p))?;
     }
     if root.readonly() == Some(true) {
-        mounts::readonly_root()?;
+        sys.readonly_root()?;
     }
 
     // 11. Hostname (new UTS namespace) and loopback (new network
     //     namespace: the agent listens on 127.0.0.1 there).
     if let Some(h) = spec.hostname() {
-        nix::unistd::sethostname(h).map_err(InitError::Hostname)?;
+        sys.sethostname(h)?;
     }
     if flags.contains(CloneFlags::CLONE_NEWNET) {
-        process::loopback_up()?;
+        sys.loopback_up()?;
     }
 
     // 12. Resource limits and umask, inherited by everything the payload
@@ -489,10 +494,9 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //     (With a user namespace, set at step 5u: raising a hard limit
     //     needs host privileges.)
     if !with_userns {
-        process::set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
+        sys.set_rlimits(&process.rlimits().clone().unwrap_or_default())?;
     }
-    let umask = process.user().umask().unwrap_or(0o077);
-    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(umask));
+    sys.umask(process.user().umask().unwrap_or(0o077));
 
     // 13. The OOM score (OCI `process.oomScoreAdj`, when a base spec sets
     //     one; the shipped one does not, see docs/operations.md): when the sandbox hits its memory limit, the kernel's OOM
@@ -502,57 +506,39 @@ fn launch(args: &Args, reporter: &Reporter) -> Result<std::convert::Infallible, 
     //     fork so only the container's processes carry it. The agent puts
     //     every command it starts back to 0.
     if let Some(score) = process.oom_score_adj().filter(|_| !with_userns) {
-        process::set_oom_score_adj(score)?;
+        sys.set_oom_score_adj(score)?;
     }
 
     // 14. Close every fd but stdio and the ready pipe at exec.
-    process::close_other_fds(args.ready_fd)?;
+    sys.close_other_fds(args.ready_fd)?;
 
     // 15. Drop privileges: the capability sets setuid does not clear
     //     (needs CAP_SETPCAP, so still as root), then groups, gid, uid;
     //     then verify that every set is empty.
-    process::drop_inheritable_caps()?;
+    sys.drop_inheritable_caps()?;
     //     (In a user namespace setgroups is denied: the host's
     //     supplementary groups were dropped before the join.)
-    process::switch_user(process.user(), !with_userns)?;
-    process::verify_no_caps()?;
+    sys.switch_user(process.user(), !with_userns)?;
+    sys.verify_no_caps()?;
 
     // 16. The working directory, entered as the sandbox user and resolved
     //     inside the new root without following any symlink (openat2
     //     RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS, then fchdir): the workdir
     //     lies in a tree the sandbox's users can write, so one swapped for a
     //     symlink after the daemon checked it fails here, never followed.
-    enter_workdir(process.cwd())?;
+    sys.enter_workdir(process.cwd())?;
 
     // 17. no_new_privs: required for an unprivileged seccomp filter and
     //     makes setuid binaries inert.
-    nix::sys::prctl::set_no_new_privs().map_err(InitError::NoNewPrivs)?;
+    sys.no_new_privs()?;
 
     // 18. seccomp, the very last step: from here on only exec runs.
     if let Some(f) = &filters {
-        sandbox_abi::bpf::install(f).map_err(|e| InitError::Seccomp(e.to_string()))?;
+        sys.install_seccomp(f)?;
     }
 
     // 19. exec the payload.
-    let path = argv[0].clone();
-    let e = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
-    Err(InitError::Exec {
-        path: path.to_string_lossy().to_string(),
-        source: e,
-    })
-}
-
-/// `mount --make-rprivate /`: nothing mounted afterwards propagates to
-/// the host.
-fn make_private() -> Result<(), InitError> {
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(InitError::MakePrivate)
+    Err(sys.exec(&argv[0], &argv, &envp))
 }
 
 /// The spec's `linux.uidMappings`/`gidMappings`.
@@ -575,7 +561,7 @@ fn id_maps(maps: Option<&[spec::LinuxIdMapping]>) -> Result<Vec<userns::IdMap>, 
 }
 
 /// `chdir` to `cwd` without following a symlink in any component.
-fn enter_workdir(cwd: &Path) -> Result<(), InitError> {
+pub(crate) fn enter_workdir(cwd: &Path) -> Result<(), InitError> {
     use rustix::fs::{Mode, OFlags, ResolveFlags};
     let err = |source| InitError::Chdir {
         path: cwd.to_path_buf(),
@@ -606,20 +592,8 @@ fn chdir_reason(e: rustix::io::Errno) -> String {
     }
 }
 
-/// Moves this process into the cgroup named by `linux.cgroupsPath`
-/// (`/<parent>/<sandbox_id>`, created and limited by the daemon): its PID
-/// written into `cgroup.procs` of every hierarchy (`sandbox-abi`'s
-/// `cgroupfs`, the layout parser the daemon's `sandbox-cgroups` uses).
-fn join_cgroup(spec: &Spec) -> Result<(), InitError> {
-    let Some(path) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) else {
-        return Ok(());
-    };
-    sandbox_abi::cgroupfs::join_host(&path, std::process::id())
-        .map_err(|m| InitError::JoinCgroup(format!("{}: {m}", path.display())))
-}
-
 /// Reads the filter stack the daemon compiled (see `--seccomp-bpf`).
-fn load_seccomp_bpf(path: &Path) -> Result<Vec<sandbox_abi::bpf::Program>, InitError> {
+pub(crate) fn load_seccomp_bpf(path: &Path) -> Result<Vec<sandbox_abi::bpf::Program>, InitError> {
     sandbox_abi::bpf::read(path).map_err(|e| InitError::Seccomp(e.to_string()))
 }
 
@@ -627,7 +601,7 @@ fn load_seccomp_bpf(path: &Path) -> Result<Vec<sandbox_abi::bpf::Program>, InitE
 /// written there (the profile in OCI format, with its comments): a bundle
 /// run by hand (feature `compile`).
 #[cfg(feature = "compile")]
-fn compile_seccomp(
+pub(crate) fn compile_seccomp(
     cfg: &Path,
     _present: bool,
 ) -> Result<Option<Vec<sandbox_abi::bpf::Program>>, InitError> {
@@ -654,7 +628,7 @@ fn compile_seccomp(
 /// with a profile needs its compiled stack handed over: it is refused
 /// rather than run without its filter.
 #[cfg(not(feature = "compile"))]
-fn compile_seccomp(
+pub(crate) fn compile_seccomp(
     cfg: &Path,
     present: bool,
 ) -> Result<Option<Vec<sandbox_abi::bpf::Program>>, InitError> {
@@ -668,3 +642,6 @@ fn compile_seccomp(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod launch_tests;
