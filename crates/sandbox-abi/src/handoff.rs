@@ -29,9 +29,10 @@ pub const READY_FD: i32 = 4;
 pub const BUNDLE_ARG: &str = "--bundle";
 pub const REPORT_FD_ARG: &str = "--report-fd";
 pub const READY_FD_ARG: &str = "--ready-fd";
-/// The seccomp filters the daemon compiled at start (`sandbox-seccomp`'s
-/// wire format): installed instead of compiling the bundle's
-/// `linux.seccomp` again.
+/// The seccomp filters the daemon compiled at start ([`bpf`](crate::bpf)
+/// format, `<state_dir>/seccomp.bpf`): installed instead of compiling the
+/// bundle's `linux.seccomp` (which the launcher can only do with its
+/// `compile` feature).
 pub const SECCOMP_BPF_ARG: &str = "--seccomp-bpf";
 /// The variable that gives the agent the ready channel's fd number.
 pub const READY_FD_ENV: &str = "SANDBOX_AGENT_READY_FD";
