@@ -20,9 +20,8 @@ pub mod spec;
 pub mod sys;
 pub mod userns;
 
-use sys::Sys;
-
 use spec::{LinuxNamespaceType, Spec};
+use sys::Sys;
 
 use sandbox_abi::failpoint::Point;
 use sandbox_abi::handoff::{
@@ -319,7 +318,8 @@ pub fn launch<S: Sys>(
     // 3. Load the seccomp filters now, while allocation is cheap and a
     //    bad profile can still fail before anything exists: the stack the
     //    daemon compiled at start (`--seccomp-bpf`), else the bundle's
-    //    `linux.seccomp` compiled here (a bundle run by hand). They are
+    //    `linux.seccomp` compiled here (a bundle run by hand; only with
+    //    the feature `compile`, else such a bundle is refused). They are
     //    installed last, right before exec.
     let filters = sys.load_seccomp(args.seccomp_bpf.as_deref(), &cfg, spec.has_seccomp())?;
     // Test-only crash injection (a no-op in release builds).
