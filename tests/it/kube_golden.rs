@@ -3,8 +3,8 @@
 //! the hardening fields (PSS "restricted"), and the shipped manifests of
 //! `deploy/kubernetes/`: they deserialize strictly into k8s-openapi types
 //! and pass `kubectl apply --dry-run=client --validate=false` (a failure
-//! under `CI=true` where kubectl is absent, a loud skip elsewhere); the Dockerfile's paths are checked
-//! against the build. Regenerate the golden files with `UPDATE_GOLDEN=1`.
+//! under `CI=true` where kubectl is absent, a loud skip elsewhere); the
+//! Dockerfile's paths are checked against the build. Regenerate the golden files with `UPDATE_GOLDEN=1`.
 
 use crate::kube_fake;
 

@@ -254,10 +254,14 @@ impl Drop for PackageRoot {
     }
 }
 
+/// Device, inode, modification time and mode of a directory, and the name,
+/// inode and modification time of each entry.
+type HostStateDir = (u64, u64, i64, u32, Vec<(String, u64, i64)>);
+
 /// What can be seen of the host's `/var/lib/sandboxd` without reading user
 /// data: its inode, modification time and mode, and the names, inodes and
 /// modification times of its entries. None when there is none.
-fn host_state_dir() -> Option<(u64, u64, i64, u32, Vec<(String, u64, i64)>)> {
+fn host_state_dir() -> Option<HostStateDir> {
     let m = std::fs::symlink_metadata("/var/lib/sandboxd").ok()?;
     let mut entries: Vec<_> = std::fs::read_dir("/var/lib/sandboxd")
         .map(|d| {
