@@ -110,7 +110,7 @@ async fn concurrent_creates_make_one_generation() {
     assert_eq!(gens.len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn delete_waits_for_pins() {
     let lc = lc(0, None);
     lc.create(req("s1", "t1")).await.unwrap();
@@ -121,7 +121,9 @@ async fn delete_waits_for_pins() {
         lc2.delete("s1", None).await.unwrap();
         d2.store(1, Ordering::SeqCst);
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The paused clock runs everything ready first: 9 s later (the grace
+    // is 10 s) the delete is still waiting for the pin.
+    tokio::time::sleep(Duration::from_secs(9)).await;
     assert_eq!(done.load(Ordering::SeqCst), 0, "delete did not wait");
     // A second sandbox is unaffected meanwhile.
     lc.create(req("s2", "t1")).await.unwrap();
@@ -137,9 +139,20 @@ async fn reaper_spares_touched() {
     lc.create(req("idle", "t")).await.unwrap();
     lc.create(req("busy", "t")).await.unwrap();
     let _h = lc.spawn_reaper().unwrap();
-    for _ in 0..10 {
+    // Real time: idleness is measured on the std clock. Touch "busy" every
+    // 100 ms (the idle timeout is 300) until the reaper has taken "idle"
+    // (its counter is the barrier), then for five more touches.
+    let mut after = 0;
+    for i in 0.. {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(lc.touch("busy"));
+        assert!(lc.touch("busy"), "busy reaped although touched");
+        if lc.metrics().reaped.get() > 0 {
+            after += 1;
+            if after == 5 {
+                break;
+            }
+        }
+        assert!(i < 600, "idle not reaped within a minute");
     }
     assert!(lc.discover("busy").await.is_ok());
     assert!(matches!(
@@ -174,12 +187,14 @@ async fn quiesce_closes_gate_and_deletes_all() {
     assert_eq!(lc.tracked_count(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn quiesce_waits_for_creates_in_flight() {
     let lc = lc(300, None);
     let lc2 = lc.clone();
     let create = tokio::spawn(async move { lc2.create(req("late", "t")).await });
+    // Paused clock: 50 ms on, the create is inside the backend's 300 ms.
     tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!create.is_finished());
     // The create passed the gate: quiesce waits for it, then deletes it.
     assert_eq!(lc.quiesce(Duration::from_secs(5)).await.unwrap(), 1);
     assert!(create.await.unwrap().is_ok());
@@ -209,11 +224,16 @@ async fn a_sandbox_serving_a_request_is_not_reaped() {
     assert_eq!(lc.observe().pop().unwrap().inflight, 1);
     assert_eq!(lc.tracked_count(), 1, "reaped while serving a request");
     drop(pin);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(lc.tracked_count(), 0, "not reaped once idle");
+    // Once idle it goes: wait for it (no fixed sleep before the check).
+    let mut waited = 0;
+    while lc.tracked_count() != 0 {
+        assert!(waited < 600, "not reaped once idle");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_reaper_never_cancels_a_request() {
     let mut s = settings(Some(Duration::from_secs(1000)));
     s.delete_grace = Duration::from_millis(200);
@@ -223,15 +243,21 @@ async fn the_reaper_never_cancels_a_request() {
     // Admitted after the reaper looked: kept at once, not cut.
     let obs = lc.observe().pop().unwrap();
     let pin = lc.pin("s1").await.unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     assert!(!lc.reap(&obs).await.unwrap());
-    assert!(started.elapsed() < Duration::from_millis(150));
+    assert_eq!(started.elapsed(), Duration::ZERO, "did not keep it at once");
     assert!(!pin.is_cancelled());
     // Even when the touch went unnoticed, it gives up after the grace
     // rather than cancelling.
     let obs = lc.observe().pop().unwrap();
     assert_eq!(obs.inflight, 1);
+    let started = tokio::time::Instant::now();
     assert!(!lc.reap(&obs).await.unwrap());
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(200),
+        "not after the grace"
+    );
     assert!(!pin.is_cancelled(), "the reaper cancelled a request");
     drop(pin);
     let obs = lc.observe().pop().unwrap();
@@ -250,21 +276,22 @@ async fn two_sandboxes_with_a_short_grace() -> Arc<Lifecycle> {
     lc
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn delete_cancels_pins_after_the_grace() {
     let lc = two_sandboxes_with_a_short_grace().await;
     let stuck = lc.pin("s1").await.unwrap();
     let other = lc.pin("s2").await.unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     assert!(lc.delete("s1", None).await.unwrap());
-    assert!(started.elapsed() < Duration::from_secs(2));
+    // Exactly one grace on the paused clock.
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
     assert!(stuck.is_cancelled());
     assert!(!other.is_cancelled());
     drop(stuck);
     assert!(matches!(lc.pin("s1").await, Err(LifecycleError::NotFound)));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn stop_all_deletes_concurrently_within_the_deadline() {
     let mut s = settings(None);
     s.delete_grace = Duration::from_millis(300);
@@ -277,12 +304,12 @@ async fn stop_all_deletes_concurrently_within_the_deadline() {
         lc.create(req(&id, "t")).await.unwrap();
         pins.push(lc.pin(&id).await.unwrap());
     }
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     assert_eq!(lc.stop_all().await, 10);
-    // Two rounds of 8 at most, each one grace long; one after the other
-    // would take 10 graces.
+    // Two rounds of 8 at most, each one grace long (the paused clock
+    // counts exactly); one after the other would take 10 graces.
     assert!(
-        started.elapsed() < Duration::from_millis(1500),
+        started.elapsed() <= Duration::from_millis(600),
         "{:?}",
         started.elapsed()
     );
@@ -296,18 +323,20 @@ async fn stop_all_deletes_concurrently_within_the_deadline() {
     let lc = Arc::new(Lifecycle::new(Arc::new(b), s, Arc::new(Metrics::new())));
     lc.create(req("held", "t")).await.unwrap();
     let _pin = lc.pin("held").await.unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     assert_eq!(lc.stop_all().await, 0);
-    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn quiesce_times_out_behind_a_pin() {
     let lc = lc(0, None);
     lc.create(req("a", "t")).await.unwrap();
     let _pin = lc.pin("a").await.unwrap();
+    let started = tokio::time::Instant::now();
     let e = lc.quiesce(Duration::from_millis(200)).await.unwrap_err();
     assert!(matches!(e, LifecycleError::QuiesceTimeout(..)));
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
 }
 
 /// A backend whose delete of a stale incarnation reports a conflict (it

@@ -400,12 +400,19 @@ async fn delete_waits_for_a_slow_streaming_response() {
             .await;
         (s, Instant::now())
     });
-    // A new proxy request during the delete waits behind it, then 404s.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A new proxy request during the delete waits behind it, then 404s:
+    // requests one after the other, answered 200 until the delete has
+    // closed admission; the first not answered 200 must have been sent
+    // while the stream was still in flight, and answered 404 after it.
     let d3 = d.clone();
     let late = tokio::spawn(async move {
-        let (s, _) = d3.json("GET", "/api/sandboxes/slow/proxy/echo", None).await;
-        (s, Instant::now())
+        loop {
+            let sent = Instant::now();
+            let (s, _) = d3.json("GET", "/api/sandboxes/slow/proxy/echo", None).await;
+            if s != 200 {
+                return (s, sent, Instant::now());
+            }
+        }
     });
     // Chunks arrive every 150 ms; the delete was asked for right after the
     // first. When the second-to-last chunk arrives the stream is still in
@@ -429,10 +436,15 @@ async fn delete_waits_for_a_slow_streaming_response() {
         deleted_at > still_streaming,
         "delete finished while the stream was in flight"
     );
-    let (s, late_at) = late.await.unwrap();
+    let (s, late_sent, late_at) = late.await.unwrap();
     assert_eq!(
         s, 404,
         "request admitted during the delete reached a deleted sandbox"
+    );
+    assert!(
+        late_sent < still_streaming,
+        "every request sent while the stream was in flight was served: the delete did not \
+         hold new ones back"
     );
     assert!(late_at > still_streaming);
 }
@@ -484,14 +496,27 @@ async fn reaper_deletes_idle_and_spares_touched() {
         Some(create_body("busy", "t", "u")),
     )
     .await;
-    for i in 0..16 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        // Alternate the three kinds of activity.
+    // Keep "busy" active (every 300 ms, well inside the 2 s idle timeout)
+    // until the reaper has taken "idle" (its counter is the barrier), then
+    // through two more check intervals.
+    let reaped = |m: &str| m.contains("sandboxd_reaped_total 1");
+    let mut after = 0;
+    for i in 0.. {
+        // Alternate the two kinds of activity.
         let (s, _) = match i % 2 {
             0 => d.json("POST", "/api/sandboxes/busy/touch", None).await,
             _ => d.json("GET", "/api/sandboxes/busy", None).await,
         };
         assert_eq!(s, 200, "busy sandbox reaped although touched");
+        let (_, _, m) = d.call("GET", "/metrics", None, None).await;
+        if reaped(&String::from_utf8_lossy(&m)) {
+            after += 1;
+            if after == 8 {
+                break;
+            }
+        }
+        assert!(i < 200, "idle sandbox not reaped within a minute");
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let (s, _) = d.json("GET", "/api/sandboxes/idle", None).await;
     assert_eq!(s, 404, "idle sandbox not reaped");

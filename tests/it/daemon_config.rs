@@ -79,15 +79,22 @@ async fn generates_a_private_token_and_logs_only_its_path() {
         .stderr(std::process::Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let token_path = state.path().join("token");
-    let mut waited = 0;
-    while !token_path.exists() && waited < 200 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        waited += 1;
+    // Everything of the start-up is logged before the "listening" line
+    // (with its address): read up to it, then the rest after the kill.
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+        log.push_str(&line);
+        if n == 0 || line.contains("http://127.0.0.1:") {
+            break;
+        }
     }
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(log.contains("http://127.0.0.1:"), "not listening: {log}");
     let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
+    let _ = child.wait();
+    std::io::Read::read_to_string(&mut stderr, &mut log).unwrap();
     let token = std::fs::read_to_string(&token_path).unwrap();
     let token = token.trim_end();
     assert!(token.len() >= 32);

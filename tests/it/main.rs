@@ -6,8 +6,13 @@
 //! against a fake API server (`kube_backend`, `kube_golden`), the agent on its
 //! own (`agent_http`, `agent_client`, `agent_static`, `agent_credential`), native sandboxes with
 //! real processes (`native*`, `cgroups_real`), and seccomp evidence
-//! (`seccomp_*`). Privileged tests need root and say loudly when they skip
-//! (under `CI=true` they fail instead).
+//! (`seccomp_*`). Privileged tests need root, some a tool; they say loudly
+//! when they skip (`common::privileged`, `common::require_tool`), and under
+//! `CI=true` they fail instead.
+//!
+//! Two tiers: `cargo test` runs the fast one; the heavy tests (the soak, the
+//! Debian package) are `#[ignore = "heavy tier: ..."]` and run with
+//! `cargo test --test it -- --ignored`. `bash .ci/run` runs both.
 //!
 //! Run one subject with `cargo test --test it native_` (a name filter).
 

@@ -556,14 +556,18 @@ async fn an_exit_of_pid_1_is_noticed_for_own_and_adopted_sandboxes() {
     );
     assert!(d.log_contains("sandbox_id=own"));
     wait_status(&d, "own", "exited").await;
-    // Reaped (we are its parent as a subreaper): no zombie left.
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
+    // Reaped (we are its parent as a subreaper): no zombie left, once the
+    // daemon's reaper has run (waited for, not slept on).
+    let reaped = || {
         !Path::new(&format!("/proc/{pid}")).exists()
             || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| !s.contains(") Z ")),
-        "PID 1 of own was not reaped"
-    );
+                .is_ok_and(|s| !s.contains(") Z "))
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !reaped() && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(reaped(), "PID 1 of own was not reaped");
 
     // An adopted sandbox is not our child; its exit is still noticed.
     d.kill();

@@ -421,10 +421,10 @@ async fn delete_cancels_a_stuck_download_after_the_grace() {
     let started = Instant::now();
     let del = tokio::spawn(async move { d2.json("DELETE", "/api/sandboxes/big", None).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let t = Instant::now();
     let (out, _) = d.exec("calm", "echo served").await;
     assert_eq!(out, "served\n");
-    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Served while the delete still waits (not after it).
+    assert!(!del.is_finished(), "the delete did not wait for the stream");
     let (s, v) = tokio::time::timeout(Duration::from_secs(15), del)
         .await
         .expect("the delete still waits for the download after 15 s")

@@ -287,12 +287,16 @@ for _ in range(600):
     let hogging = tokio::spawn(async move { d2.exec("ia", &hog_cmd).await });
     let holding = dirs.workspace("u1").join("a/holding");
     let end = Instant::now() + Duration::from_secs(60);
-    while !holding.exists() {
-        assert!(Instant::now() < end, "the hog never reported");
+    // The file exists (empty) before the report is written into it: wait
+    // for both numbers.
+    let held = loop {
+        let text = std::fs::read_to_string(&holding).unwrap_or_default();
+        if text.split_whitespace().count() == 2 {
+            break text;
+        }
+        assert!(Instant::now() < end, "the hog never reported: {text:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let held = std::fs::read_to_string(&holding).unwrap();
+    };
     let (total, err): (u64, i32) = {
         let mut it = held.split_whitespace().map(|v| v.parse::<i64>().unwrap());
         (it.next().unwrap() as u64, it.next().unwrap() as i32)

@@ -10,15 +10,21 @@
 //!   verify`, `--version`, `seccomp check`, enabled but not started, a
 //!   sandbox created by the installed daemon from `/usr/libexec/sandboxd`),
 //!   removed (`/var/lib/sandboxd` and the conffile stay) and purged
-//!   (nothing stays). Whatever happens, the package is purged at the end;
-//!   the test refuses to run where sandboxd is installed or
-//!   `/var/lib/sandboxd` exists, so it never touches an operator's data.
+//!   (nothing stays). All of it happens in a root of the test's own (an
+//!   overlay over the host's `/` in a mount namespace of its own, see
+//!   [`PackageRoot`]): the host's `/var/lib/sandboxd` (README's first
+//!   command makes one), dpkg database, `/usr` and `/etc` are never written,
+//!   and the test checks at the end that the host's `/var/lib/sandboxd` and
+//!   the package's paths there are as they were. It refuses to run only
+//!   where the package itself is installed on the host. Heavy tier
+//!   (`#[ignore]`): `cargo test --test it -- --ignored`, which `.ci/run`
+//!   runs after the fast tier.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use crate::common::{privileged, sibling_bin, Daemon, NativeDirs};
+use crate::common::{privileged, require_tool, sibling_bin, Daemon, NativeDirs};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxd");
 /// `cargo install cargo-deb --locked --version` of `.ci/run`.
@@ -131,35 +137,166 @@ fn the_packaged_generated_files_are_current() {
     );
 }
 
-/// Purges the package at the end, whatever happened.
-struct Purge;
+/// A root file system of the test's own: the host's `/` as the lower layer
+/// of an overlay whose upper layer is a tmpfs, in a mount namespace of its
+/// own, with the host's `/proc`, `/sys` (cgroups), `/dev` and temporary
+/// directory bound in and a fresh `/run` (no systemd to talk to). Whatever
+/// dpkg, the maintainer scripts and the installed daemon write goes to the
+/// tmpfs: the host's dpkg database, `/usr`, `/etc` and `/var/lib/sandboxd`
+/// are never written, and a `/var/lib/sandboxd` of the host (README's first
+/// command makes one) is hidden by a whiteout, so the package meets an
+/// empty place as on a fresh node. Killing the holder ends the namespace
+/// and with it the overlay and everything in it.
+struct PackageRoot {
+    holder: std::process::Child,
+    /// The tmpfs's mount point (empty on the host).
+    _work: tempfile::TempDir,
+}
 
-impl Drop for Purge {
-    fn drop(&mut self) {
-        let installed = Command::new("dpkg")
-            .args(["-s", "sandboxd"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if installed {
-            let _ = run(Command::new("dpkg").args(["--purge", "sandboxd"]));
+const ROOT_SETUP: &str = r#"set -eu
+w=$1 tmp=$2
+mount -t tmpfs -o mode=0700 sandboxd-package-test "$w"
+mkdir -p "$w/upper/var/lib" "$w/work" "$w/root"
+mknod "$w/upper/var/lib/sandboxd" c 0 0
+mount -t overlay overlay -o "lowerdir=/,upperdir=$w/upper,workdir=$w/work" "$w/root"
+for d in /proc /sys /dev; do mount --rbind "$d" "$w/root$d"; done
+mount --bind "$tmp" "$w/root$tmp"
+mount -t tmpfs -o mode=0755 run "$w/root/run"
+mkdir "$w/root/.old-root"
+cd "$w/root"
+pivot_root . .old-root
+cd /
+umount -l /.old-root
+rmdir /.old-root
+echo ready
+exec sleep infinity
+"#;
+
+impl PackageRoot {
+    fn new() -> PackageRoot {
+        let work = tempfile::Builder::new()
+            .prefix("sandboxd-package-root-")
+            .tempdir()
+            .unwrap();
+        let tmp = std::env::temp_dir().canonicalize().unwrap();
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(ROOT_SETUP)
+            .arg("sh")
+            .arg(work.path())
+            .arg(&tmp)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        if line.trim() != "ready" {
+            let _ = holder.kill();
+            panic!(
+                "cannot set up the package test's own root: {:?}",
+                holder.wait()
+            );
         }
-        // The postrm deletes it on purge; if the purge itself failed, the
-        // directory is still the one this test created (it refuses to run
-        // when one exists).
-        let _ = std::fs::remove_dir_all("/var/lib/sandboxd");
+        PackageRoot {
+            holder,
+            _work: work,
+        }
+    }
+
+    /// `program`, run in this root.
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.args([
+            "-t",
+            &self.holder.id().to_string(),
+            "-m",
+            "-r",
+            "-w",
+            "--",
+            program,
+        ]);
+        c
+    }
+
+    /// `p` (absolute) in this root, seen from the host; symbolic links in
+    /// it resolve in the host's root, so test them with `symlink_metadata`.
+    fn path(&self, p: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root{p}", self.holder.id()))
+    }
+
+    fn exists(&self, p: &str) -> bool {
+        std::fs::symlink_metadata(self.path(p)).is_ok()
+    }
+
+    fn meta(&self, p: &str) -> std::fs::Metadata {
+        std::fs::metadata(self.path(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    fn dpkg_status(&self) -> String {
+        let out = self
+            .cmd("dpkg-query")
+            .args(["-W", "-f=${Status}", "sandboxd"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
-fn mode(p: &str) -> u32 {
-    std::fs::metadata(p)
-        .unwrap_or_else(|e| panic!("{p}: {e}"))
-        .permissions()
-        .mode()
-        & 0o7777
+impl Drop for PackageRoot {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
 }
 
-fn dpkg_status() -> String {
+/// Device, inode, modification time and mode of a directory, and the name,
+/// inode and modification time of each entry.
+type HostStateDir = (u64, u64, i64, u32, Vec<(String, u64, i64)>);
+
+/// What can be seen of the host's `/var/lib/sandboxd` without reading user
+/// data: its inode, modification time and mode, and the names, inodes and
+/// modification times of its entries. None when there is none.
+fn host_state_dir() -> Option<HostStateDir> {
+    let m = std::fs::symlink_metadata("/var/lib/sandboxd").ok()?;
+    let mut entries: Vec<_> = std::fs::read_dir("/var/lib/sandboxd")
+        .map(|d| {
+            d.flatten()
+                .map(|e| {
+                    let m = e.metadata().unwrap();
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        m.ino(),
+                        m.mtime(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    entries.sort();
+    Some((m.dev(), m.ino(), m.mtime(), m.mode(), entries))
+}
+
+/// Which of the package's paths exist on the host.
+fn host_paths() -> Vec<(&'static str, bool)> {
+    [
+        "/usr/bin/sandboxd",
+        "/usr/libexec/sandboxd",
+        "/etc/sandboxd",
+        "/usr/share/sandboxd",
+        "/usr/lib/systemd/system/sandboxd.service",
+        "/etc/systemd/system/multi-user.target.wants/sandboxd.service",
+    ]
+    .into_iter()
+    .map(|p| (p, std::fs::symlink_metadata(p).is_ok()))
+    .collect()
+}
+
+fn host_dpkg_status() -> String {
     let out = Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", "sandboxd"])
         .output()
@@ -167,20 +304,22 @@ fn dpkg_status() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Processes running `/usr/bin/sandboxd`.
-fn installed_daemons() -> usize {
+/// Processes running `/usr/bin/sandboxd` of `root`.
+fn installed_daemons(root: &PackageRoot) -> usize {
+    let exe = std::fs::metadata(root.path("/usr/bin/sandboxd")).unwrap();
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter(|e| {
-            std::fs::read_link(e.path().join("exe"))
-                .map(|p| p == Path::new("/usr/bin/sandboxd"))
+            std::fs::metadata(e.path().join("exe"))
+                .map(|m| m.dev() == exe.dev() && m.ino() == exe.ino())
                 .unwrap_or(false)
         })
         .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy tier: packages and installs; `cargo test --test it -- --ignored` (.ci/run runs it)"]
 async fn the_package_installs_removes_and_purges_cleanly() {
     if !privileged("the_package_installs_removes_and_purges_cleanly") {
         return;
@@ -196,28 +335,28 @@ async fn the_package_installs_removes_and_purges_cleanly() {
         "dpkg-query",
         "deb-systemd-helper",
         "systemd-analyze",
+        "unshare",
+        "nsenter",
     ] {
-        assert!(
-            Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .status()
-                .unwrap()
-                .success(),
-            "{tool} is missing (apt-get install dpkg init-system-helpers systemd; .ci/run does)"
-        );
+        if !require_tool(
+            tool,
+            "apt-get install dpkg init-system-helpers systemd util-linux",
+        ) {
+            return;
+        }
     }
+    // The host's package database is the lower layer of the test's root:
+    // an installed package would be upgraded there, not installed.
     assert!(
-        !dpkg_status().contains("installed") && !dpkg_status().contains("config-files"),
-        "sandboxd is already installed on this machine ({}): this test installs and purges \
-         the package, so it runs only where it is absent",
-        dpkg_status()
+        !host_dpkg_status().contains("installed") && !host_dpkg_status().contains("config-files"),
+        "sandboxd is installed on this machine ({}): this test installs the package (in a root \
+         of its own), so it runs only where the package is absent",
+        host_dpkg_status()
     );
-    assert!(
-        !Path::new("/var/lib/sandboxd").exists(),
-        "/var/lib/sandboxd exists: this test purges the package, which deletes it; \
-         run it on a machine without one"
-    );
-    let _purge = Purge;
+    // The host's state directory (README's first command makes one) is
+    // neither read nor written; checked at the end.
+    let host_state = host_state_dir();
+    let host_before = host_paths();
 
     // Package the binaries of this build: cargo-deb takes them from
     // <target dir>/release/ with --no-build.
@@ -239,23 +378,31 @@ async fn the_package_installs_removes_and_purges_cleanly() {
         std::fs::copy(&from, &to).unwrap();
     }
     let out_dir = stage.path().join("debian");
-    let started = std::time::Instant::now();
     ok(Command::new(&cargo)
         .current_dir(repo())
         .env("CARGO_TARGET_DIR", stage.path())
         .args(["deb", "--no-build", "--fast", "--strip", "--output"])
         .arg(&out_dir));
-    eprintln!("cargo deb --no-build took {:?}", started.elapsed());
     let deb = std::fs::read_dir(&out_dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
         .expect("cargo deb made no .deb");
 
+    let root = PackageRoot::new();
+    assert!(
+        !root.exists("/var/lib/sandboxd"),
+        "the test's root shows a /var/lib/sandboxd before the install"
+    );
+
     // Install: files, modes, units, enabled and not started.
-    let install = ok(Command::new("dpkg").arg("-i").arg(&deb));
+    let install = ok(root.cmd("dpkg").arg("-i").arg(&deb));
     assert!(install.contains("enabled, not started"), "{install}");
-    assert!(dpkg_status().ends_with("installed"), "{}", dpkg_status());
+    assert!(
+        root.dpkg_status().ends_with("installed"),
+        "{}",
+        root.dpkg_status()
+    );
     for (p, m) in [
         ("/usr/bin/sandboxd", 0o755),
         ("/usr/libexec/sandboxd/sandbox-init", 0o755),
@@ -270,26 +417,29 @@ async fn the_package_installs_removes_and_purges_cleanly() {
         ("/usr/share/fish/vendor_completions.d/sandboxd.fish", 0o644),
         ("/usr/share/doc/sandboxd/operations.md", 0o644),
     ] {
-        assert_eq!(mode(p), m, "mode of {p}");
-        assert_eq!(std::fs::metadata(p).unwrap().uid(), 0, "owner of {p}");
+        let meta = root.meta(p);
+        assert_eq!(meta.permissions().mode() & 0o7777, m, "mode of {p}");
+        assert_eq!(meta.uid(), 0, "owner of {p}");
     }
-    let man = std::fs::read_dir("/usr/share/man/man1")
+    let man = std::fs::read_dir(root.path("/usr/share/man/man1"))
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("sandboxd"))
         .count();
     assert!(man >= 5, "{man} sandboxd man pages installed");
     assert_eq!(
-        std::fs::read_to_string("/etc/sandboxd/config.toml").unwrap(),
+        std::fs::read_to_string(root.path("/etc/sandboxd/config.toml")).unwrap(),
         generated(&["config", "default"])
     );
-    let conffiles = ok(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "sandboxd"]));
+    let conffiles = ok(root
+        .cmd("dpkg-query")
+        .args(["-W", "-f=${Conffiles}", "sandboxd"]));
     assert!(
         conffiles.contains("/etc/sandboxd/config.toml"),
         "{conffiles}"
     );
 
-    let verify = run(Command::new("systemd-analyze").args([
+    let verify = run(root.cmd("systemd-analyze").args([
         "verify",
         "/usr/lib/systemd/system/sandboxd.service",
         "/usr/lib/systemd/system/sandboxd.socket",
@@ -298,32 +448,42 @@ async fn the_package_installs_removes_and_purges_cleanly() {
         verify.status.success(),
         "systemd-analyze verify of the installed units failed"
     );
-    let version = ok(Command::new("/usr/bin/sandboxd").arg("--version"));
+    let version = ok(root.cmd("/usr/bin/sandboxd").arg("--version"));
     assert!(
         version.starts_with(&format!("sandboxd {}", env!("CARGO_PKG_VERSION"))),
         "{version}"
     );
-    ok(Command::new("/usr/bin/sandboxd").args(["seccomp", "check"]));
+    ok(root.cmd("/usr/bin/sandboxd").args(["seccomp", "check"]));
     assert!(
-        Path::new("/etc/systemd/system/multi-user.target.wants/sandboxd.service").exists(),
+        root.exists("/etc/systemd/system/multi-user.target.wants/sandboxd.service"),
         "the service is not enabled"
     );
     assert!(
-        !Path::new("/etc/systemd/system/sockets.target.wants/sandboxd.socket").exists(),
+        !root.exists("/etc/systemd/system/sockets.target.wants/sandboxd.socket"),
         "the optional socket unit was enabled"
     );
-    assert_eq!(installed_daemons(), 0, "the install started the daemon");
+    assert_eq!(
+        installed_daemons(&root),
+        0,
+        "the install started the daemon"
+    );
 
     // The installed daemon finds its launcher and agent in
-    // /usr/libexec/sandboxd and creates a sandbox with them.
+    // /usr/libexec/sandboxd and creates a sandbox with them (its state,
+    // user data, cgroup parent and nftables table are this test's own).
     {
         let dirs = NativeDirs::new();
-        let d = Daemon::start_native_program(
-            Path::new("/usr/bin/sandboxd"),
+        let d = Daemon::start_native_command(
+            root.cmd("/usr/bin/sandboxd"),
             &dirs,
             tempfile::tempdir().unwrap(),
             &[("SANDBOXD_NETWORK", "none")],
             "127.0.0.1:0",
+        );
+        assert_eq!(
+            installed_daemons(&root),
+            1,
+            "the daemon is not the installed one"
         );
         let (s, v) = d
             .create(serde_json::json!({
@@ -338,29 +498,32 @@ async fn the_package_installs_removes_and_purges_cleanly() {
     }
 
     // Remove: binaries gone, user data and the conffile stay, with a message.
-    std::fs::write("/var/lib/sandboxd/keep-me", "user data").unwrap();
-    let remove = run(Command::new("dpkg").args(["--remove", "sandboxd"]));
+    std::fs::write(root.path("/var/lib/sandboxd/keep-me"), "user data").unwrap();
+    let remove = run(root.cmd("dpkg").args(["--remove", "sandboxd"]));
     assert!(remove.status.success());
     let said = String::from_utf8_lossy(&remove.stdout).into_owned()
         + &String::from_utf8_lossy(&remove.stderr);
     assert!(said.contains("kept /var/lib/sandboxd"), "{said}");
-    assert_eq!(dpkg_status(), "deinstall ok config-files");
-    assert!(!Path::new("/usr/bin/sandboxd").exists());
-    assert!(!Path::new("/usr/libexec/sandboxd/sandbox-init").exists());
+    assert_eq!(root.dpkg_status(), "deinstall ok config-files");
+    assert!(!root.exists("/usr/bin/sandboxd"));
+    assert!(!root.exists("/usr/libexec/sandboxd/sandbox-init"));
     assert_eq!(
-        std::fs::read_to_string("/var/lib/sandboxd/keep-me").unwrap(),
+        std::fs::read_to_string(root.path("/var/lib/sandboxd/keep-me")).unwrap(),
         "user data"
     );
-    assert_eq!(mode("/var/lib/sandboxd"), 0o700);
-    assert!(Path::new("/etc/sandboxd/config.toml").exists());
+    assert_eq!(
+        root.meta("/var/lib/sandboxd").permissions().mode() & 0o7777,
+        0o700
+    );
+    assert!(root.exists("/etc/sandboxd/config.toml"));
 
     // Purge: everything goes, with a message.
-    let purge = run(Command::new("dpkg").args(["--purge", "sandboxd"]));
+    let purge = run(root.cmd("dpkg").args(["--purge", "sandboxd"]));
     assert!(purge.status.success());
     let said = String::from_utf8_lossy(&purge.stdout).into_owned()
         + &String::from_utf8_lossy(&purge.stderr);
     assert!(said.contains("deleting /var/lib/sandboxd"), "{said}");
-    assert_eq!(dpkg_status(), "");
+    assert_eq!(root.dpkg_status(), "");
     for gone in [
         "/var/lib/sandboxd",
         "/etc/sandboxd",
@@ -370,9 +533,20 @@ async fn the_package_installs_removes_and_purges_cleanly() {
         "/etc/systemd/system/multi-user.target.wants/sandboxd.service",
         "/etc/systemd/system/sandboxd.service",
     ] {
-        assert!(
-            std::fs::symlink_metadata(gone).is_err(),
-            "{gone} is left after the purge"
-        );
+        assert!(!root.exists(gone), "{gone} is left after the purge");
     }
+    drop(root);
+
+    // The host saw none of it.
+    assert_eq!(
+        host_state_dir(),
+        host_state,
+        "the host's /var/lib/sandboxd changed"
+    );
+    assert_eq!(host_dpkg_status(), "", "the package is on the host");
+    assert_eq!(
+        host_paths(),
+        host_before,
+        "the package left files on the host"
+    );
 }

@@ -18,29 +18,12 @@ use std::process::Command;
 
 const SANDBOXD: &str = env!("CARGO_BIN_EXE_sandboxd");
 
-fn tool_ok(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
+/// Root, runc and cc; without them a failure under `CI=true`, a loud skip
+/// elsewhere.
 fn prerequisites() -> bool {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIP: runc cross-check needs root");
-        return false;
-    }
-    for (tool, arg) in [("runc", "--version"), ("cc", "--version")] {
-        if !tool_ok(tool, arg) {
-            if std::env::var_os("CI").is_some() {
-                panic!("{tool} is required under CI for the runc cross-check");
-            }
-            eprintln!("SKIP: {tool} is not installed (apt-get install -y runc)");
-            return false;
-        }
-    }
-    true
+    crate::common::privileged("runc_accepts_the_profile_and_the_probe_agrees")
+        && crate::common::require_tool("runc", "apt-get install runc")
+        && crate::common::require_tool("cc", "apt-get install gcc libc6-dev")
 }
 
 fn make_bundle(bundle: &Path) {

@@ -1,26 +1,17 @@
 //! Real workloads still work under the default profile: each test runs a
 //! shell script under `sandboxd seccomp run -- bash -c ...` and asserts its
-//! exit status and output. Tools the host lacks (python3, git, cc) make
-//! their test skip loudly; bash, tar, awk and sort are required.
+//! exit status and output. A missing python3, pip, git or cc fails the test
+//! under `CI=true` and skips it loudly elsewhere (`require_tool`); bash,
+//! tar, awk and sort are required.
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
 use std::path::Path;
 use std::process::Command;
 
-const SANDBOXD: &str = env!("CARGO_BIN_EXE_sandboxd");
+use crate::common::{cannot_run, require_tool, test_name};
 
-fn have(tool: &str) -> bool {
-    let ok = Command::new("bash")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIP: {tool} is not installed on this host");
-    }
-    ok
-}
+const SANDBOXD: &str = env!("CARGO_BIN_EXE_sandboxd");
 
 /// Runs `script` with bash under the filter in `dir`; returns stdout.
 fn run_filtered(dir: &Path, script: &str) -> String {
@@ -83,7 +74,7 @@ fn tar_round_trip() {
 
 #[test]
 fn python_threads_and_subprocess() {
-    if !have("python3") {
+    if !require_tool("python3", "apt-get install python3") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -112,7 +103,7 @@ EOF"#;
 
 #[test]
 fn pip_version() {
-    if !have("python3") {
+    if !require_tool("python3", "apt-get install python3") {
         return;
     }
     let ok = Command::new("python3")
@@ -120,8 +111,12 @@ fn pip_version() {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIP: python3 -m pip is not available on this host");
+    if !ok
+        && !cannot_run(&format!(
+            "{}: python3 -m pip is not available (apt-get install python3-pip)",
+            test_name()
+        ))
+    {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -131,7 +126,7 @@ fn pip_version() {
 
 #[test]
 fn git_init_and_commit() {
-    if !have("git") {
+    if !require_tool("git", "apt-get install git") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -148,7 +143,7 @@ fn git_init_and_commit() {
 
 #[test]
 fn cc_hello_world() {
-    if !have("cc") {
+    if !require_tool("cc", "apt-get install gcc libc6-dev") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -12,7 +12,8 @@
 //!
 //! `SANDBOXD_SOAK_CYCLES` (default 300, CI's bounded form) sets the number
 //! of cycles; the figures are printed (`--nocapture`) for
-//! `docs/performance.md`.
+//! `docs/performance.md`. Heavy tier (`#[ignore]`): `cargo test --test it
+//! -- --ignored`, which `.ci/run` runs after the fast tier.
 
 use crate::common;
 
@@ -161,6 +162,7 @@ async fn cycle(d: &Daemon, n: usize) {
 }
 
 #[tokio::test]
+#[ignore = "heavy tier: minutes of cycles; `cargo test --test it -- --ignored` (.ci/run runs it)"]
 async fn soak_create_use_delete_restart_leaks_nothing() {
     if !privileged("soak_create_use_delete_restart_leaks_nothing") {
         return;

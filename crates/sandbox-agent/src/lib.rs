@@ -1,6 +1,7 @@
 //! `sandbox-agent`: the in-sandbox HTTP server and PID 1 of every sandbox.
 //!
-//! Serves the contract in `spec/agent-api.md` (shell exec, file read/write/
+//! Serves the contract in `docs/contracts/agent-api.md` (implementation
+//! notes: `docs/agent.md`; shell exec, file read/write/
 //! list/find/edit, streamed upload/download, context) on a loopback address,
 //! reaps every orphan of the pid namespace, and on SIGTERM forwards the
 //! signal to its children, waits briefly and exits cleanly.

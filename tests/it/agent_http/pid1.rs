@@ -45,7 +45,10 @@ fn children_of(pid: i32) -> Vec<i32> {
 #[test]
 fn as_pid1_reaps_orphans_ignores_inside_signals_and_stops_on_outside_sigterm() {
     let Some(prefix) = unshare_prefix() else {
-        eprintln!("\n*** SKIPPED pid1 test: `unshare --pid` is not permitted here ***\n");
+        crate::common::cannot_run(
+            "as_pid1_reaps_orphans_ignores_inside_signals_and_stops_on_outside_sigterm: \
+             `unshare --pid` is not permitted here",
+        );
         return;
     };
     let mut agent = Agent::start_wrapped(&prefix, &[]);

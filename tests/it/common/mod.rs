@@ -76,8 +76,8 @@ impl Daemon {
         args: &[&str],
         listen: &str,
     ) -> Daemon {
-        Daemon::start_program(
-            std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")),
+        Daemon::start_command(
+            Command::new(env!("CARGO_BIN_EXE_sandboxd")),
             state_dir,
             env,
             args,
@@ -85,16 +85,17 @@ impl Daemon {
         )
     }
 
-    /// Like [`start_at`](Self::start_at), running `program` (an installed
-    /// `sandboxd`) instead of the binary under test.
-    pub fn start_program(
-        program: &std::path::Path,
+    /// Like [`start_at`](Self::start_at), with `cmd` as the program instead
+    /// of the binary under test (`nsenter ... /usr/bin/sandboxd` runs an
+    /// installed one in another mount namespace); `serve` and its options
+    /// are appended.
+    pub fn start_command(
+        mut cmd: Command,
         state_dir: tempfile::TempDir,
         env: &[(&str, &str)],
         args: &[&str],
         listen: &str,
     ) -> Daemon {
-        let mut cmd = Command::new(program);
         cmd.arg("serve")
             .arg("--listen")
             .arg(listen)
@@ -282,15 +283,56 @@ pub fn require_failpoints() {
 }
 
 pub fn privileged(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    let msg = format!("{test}: needs root (namespaces, mounts, cgroups)");
+    nix::unistd::geteuid().is_root()
+        || cannot_run(&format!("{test}: needs root (namespaces, mounts, cgroups)"))
+}
+
+/// A test that cannot run here for `why`: under `CI=true` (which runs as
+/// root with every tool `.ci/run` installs) a failure, so a skip is never
+/// reported as a pass there; elsewhere a loud `SKIPPED` and false (the
+/// caller returns).
+pub fn cannot_run(why: &str) -> bool {
     if std::env::var_os("CI").is_some() {
-        panic!("{msg}; CI runs as root, so this is a failure");
+        panic!("{why}; CI=true, where every test must run, so this is a failure");
     }
-    eprintln!("\n*** SKIPPED {msg} ***\n");
+    eprintln!("\n*** SKIPPED {why} ***\n");
     false
+}
+
+/// The current test's name (libtest names the thread a test runs on).
+pub fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_string()
+}
+
+/// Where `tool` (a name looked up on `PATH`, or a path) is, if it is
+/// installed as an executable.
+pub fn find_tool(tool: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if tool.contains('/') {
+        let p = std::path::PathBuf::from(tool);
+        return executable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(tool))
+        .find(|p| executable(p))
+}
+
+/// True when `tool` is installed; otherwise [`cannot_run`] with `install`
+/// (how to get it) named: a failure under `CI=true`, a loud skip elsewhere.
+/// The one check for a missing tool: no test returns early without it.
+pub fn require_tool(tool: &str, install: &str) -> bool {
+    find_tool(tool).is_some()
+        || cannot_run(&format!(
+            "{}: {tool} is not installed ({install}; .ci/run does)",
+            test_name()
+        ))
 }
 
 /// Host directories of a native-backend daemon under test.
@@ -462,8 +504,8 @@ impl Daemon {
         env: &[(&str, &str)],
         listen: &str,
     ) -> Daemon {
-        Daemon::start_native_program(
-            std::path::Path::new(env!("CARGO_BIN_EXE_sandboxd")),
+        Daemon::start_native_command(
+            Command::new(env!("CARGO_BIN_EXE_sandboxd")),
             dirs,
             state_dir,
             env,
@@ -471,9 +513,10 @@ impl Daemon {
         )
     }
 
-    /// Like [`start_native_at`](Self::start_native_at), running `program`.
-    pub fn start_native_program(
-        program: &std::path::Path,
+    /// Like [`start_native_at`](Self::start_native_at), with `cmd` as the
+    /// program (see [`start_command`](Self::start_command)).
+    pub fn start_native_command(
+        cmd: Command,
         dirs: &NativeDirs,
         state_dir: tempfile::TempDir,
         env: &[(&str, &str)],
@@ -500,7 +543,7 @@ impl Daemon {
             ("SANDBOXD_POOL_SIZE", "0"),
         ];
         all.extend_from_slice(env);
-        let mut d = Daemon::start_program(program, state_dir, &all, &[], listen);
+        let mut d = Daemon::start_command(cmd, state_dir, &all, &[], listen);
         d.graceful_drop = true;
         d
     }
