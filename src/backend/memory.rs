@@ -100,8 +100,10 @@ impl Backend for MemoryBackend {
         self.current_status(record)
     }
 
-    fn status_now(&self, record: &SandboxRecord) -> Option<SandboxStatus> {
-        Some(self.current_status(record))
+    async fn get(&self, records: &mut [SandboxRecord]) {
+        for r in records {
+            r.status = self.current_status(r);
+        }
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {

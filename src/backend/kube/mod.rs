@@ -382,15 +382,17 @@ impl Backend for KubeBackend {
         }
     }
 
-    async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
-        let mut r = record.clone();
-        r.status = self.status(record).await;
-        if let Some(e) = self.cache.get(&record.sandbox_id, &record.generation) {
-            if e.oom {
-                r.oom_killed = Some(true);
+    async fn get(&self, records: &mut [SandboxRecord]) {
+        // Each from the cache, or one API call when its entry is stale.
+        let statuses = futures_util::future::join_all(records.iter().map(|r| self.status(r))).await;
+        for (r, status) in records.iter_mut().zip(statuses) {
+            r.status = status;
+            if let Some(e) = self.cache.get(&r.sandbox_id, &r.generation) {
+                if e.oom {
+                    r.oom_killed = Some(true);
+                }
             }
         }
-        r
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {

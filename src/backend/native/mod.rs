@@ -17,10 +17,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::{info, warn};
 
-use super::{Backend, BackendError, NetworkMetrics, Upstream};
+use super::{Backend, BackendError, BackendMetrics, NetworkMetrics, SandboxNetwork, Upstream};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
-use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
+use crate::model::{NetworkMode, SandboxRecord, SandboxSpec, SandboxStatus};
 use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
@@ -68,8 +68,6 @@ struct Live {
     /// of this incarnation takes it before anything else, so the cleanup
     /// (by id: cgroup, bundle) is over before a new incarnation can exist.
     teardown: Arc<Mutex<()>>,
-    /// Its PID 1 in the table's exit set (list's stamp), once tracked.
-    exit_watch: Option<watch::ExitWatch>,
 }
 
 impl Live {
@@ -89,7 +87,6 @@ impl Live {
             net,
             cgroup_key,
             teardown: Arc::default(),
-            exit_watch: None,
         }
     }
 }
@@ -191,7 +188,7 @@ impl NativeBackend {
             init_path: init_path.into(),
             cgroups: Arc::new(cgroups),
             dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
-            live: Arc::new(watch::LiveMap::new()),
+            live: Arc::default(),
             outputs: Arc::new(output::Outputs::default()),
             net: Arc::new(network),
             userns,
@@ -238,18 +235,17 @@ impl NativeBackend {
         self.closing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn live(&self) -> watch::LiveRead<'_> {
-        self.live.read()
+    fn live(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Live>> {
+        self.live.lock()
     }
 
     /// Tracks a running sandbox and starts watching its PID 1 for an exit
     /// (tracked first, so an exit that is already there is noticed).
-    fn track(&self, mut l: Live) {
+    fn track(&self, l: Live) {
         let id = l.record.sandbox_id.clone();
         let (generation, handle) = (l.record.generation.clone(), l.handle.clone());
-        l.exit_watch = self.live.watch_exit(handle.pidfd());
-        self.live.write().insert(id.clone(), l);
-        oom::tracked(&self.live, &id, &generation);
+        self.live.lock().insert(id.clone(), l);
+        oom::check(&self.live, &id, &generation);
         let cleanup = watch::Cleanup {
             cgroups: self.cgroups.clone(),
             state: self.state.clone(),
@@ -306,11 +302,34 @@ impl NativeBackend {
             .unwrap_or_else(|| id.to_string())
     }
 
+    /// Egress drops and bytes per sandbox, when egress is on.
+    fn network_metrics(&self) -> Option<NetworkMetrics> {
+        if self.net.mode() == crate::config::NetworkMode::None {
+            return None;
+        }
+        let links: Vec<(String, String)> = self
+            .live()
+            .iter()
+            .filter_map(|(id, l)| Some((id.clone(), l.net.as_ref()?.link.clone())))
+            .collect();
+        let bytes = links
+            .into_iter()
+            .filter_map(|(id, link)| {
+                let (sent, received) = self.net.bytes(&link)?;
+                Some((id, sent, received))
+            })
+            .collect();
+        Some(NetworkMetrics {
+            dropped: self.net.drop_counters(),
+            bytes,
+        })
+    }
+
     fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), NativeError> {
-        let live = self.live.write().remove(id);
+        let live = self.live.lock().remove(id);
         match live {
             Some(l) if l.record.generation != generation => {
-                self.live.write().insert(id.to_string(), l);
+                self.live.lock().insert(id.to_string(), l);
                 Err(NativeError::OtherGeneration { id: id.to_string() })
             }
             Some(l) => {
@@ -464,48 +483,31 @@ impl Backend for NativeBackend {
         self.outputs.get(sandbox_id).map(|o| o.render())
     }
 
-    fn network(&self, sandbox_id: &str) -> Option<serde_json::Value> {
+    fn network(&self, sandbox_id: &str) -> Option<SandboxNetwork> {
         let live = self.live();
         let l = live.get(sandbox_id)?;
         Some(match &l.net {
-            Some(n) => serde_json::json!({
-                "mode": "egress",
-                "address": n.address.to_string(),
-                "gateway": n.gateway.to_string(),
-                "link": n.link,
-            }),
-            None => serde_json::json!({ "mode": "none" }),
+            Some(n) => SandboxNetwork {
+                mode: NetworkMode::Egress,
+                address: Some(n.address),
+                gateway: Some(n.gateway),
+                link: Some(n.link.clone()),
+            },
+            None => SandboxNetwork {
+                mode: NetworkMode::None,
+                address: None,
+                gateway: None,
+                link: None,
+            },
         })
     }
 
-    fn image_stats(&self) -> Option<crate::images::ImageStats> {
-        Some(self.images.stats())
-    }
-
-    fn pool_stats(&self) -> Option<super::PoolStats> {
-        Some(self.pool.stats())
-    }
-
-    fn network_metrics(&self) -> Option<NetworkMetrics> {
-        if self.net.mode() == crate::config::NetworkMode::None {
-            return None;
+    fn metrics(&self) -> BackendMetrics {
+        BackendMetrics {
+            images: Some(self.images.stats()),
+            pool: Some(self.pool.stats()),
+            network: self.network_metrics(),
         }
-        let links: Vec<(String, String)> = self
-            .live()
-            .iter()
-            .filter_map(|(id, l)| Some((id.clone(), l.net.as_ref()?.link.clone())))
-            .collect();
-        let bytes = links
-            .into_iter()
-            .filter_map(|(id, link)| {
-                let (sent, received) = self.net.bytes(&link)?;
-                Some((id, sent, received))
-            })
-            .collect();
-        Some(NetworkMetrics {
-            dropped: self.net.drop_counters(),
-            bytes,
-        })
     }
 
     async fn create(
@@ -564,33 +566,8 @@ impl Backend for NativeBackend {
         self.current_status(record)
     }
 
-    fn status_now(&self, record: &SandboxRecord) -> Option<SandboxStatus> {
-        Some(self.current_status(record))
-    }
-
-    async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
-        let mut r = record.clone();
-        r.status = self.status(record).await;
-        // Read at exit, before the cgroup went; else the live count (read
-        // after the table's lock is released: it is a file read).
-        let (recorded, cgroup) = match self.live().get(&record.sandbox_id) {
-            Some(l) if l.record.generation == record.generation => {
-                (l.record.oom_killed == Some(true), l.cgroup.clone())
-            }
-            _ => return r,
-        };
-        if recorded || cgroup.is_some_and(|cg| cg.oom_kills() > 0) {
-            r.oom_killed = Some(true);
-        }
-        r
-    }
-
-    async fn refresh_all(&self, records: &mut [SandboxRecord]) {
-        listing::refresh_all(&self.oom, &self.live, records)
-    }
-
-    async fn refresh_stamp(&self) -> Option<u64> {
-        listing::stamp(&self.oom, &self.live)
+    async fn get(&self, records: &mut [SandboxRecord]) {
+        listing::get(&self.oom, &self.live, records)
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
