@@ -16,32 +16,36 @@ pub mod kube;
 pub mod memory;
 pub mod native;
 
+/// The error a [`BackendError`] carries: the backend's own (its chain of
+/// causes kept), or a message.
+pub type ErrorSource = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a backend operation failed. The HTTP layer maps these to status
-/// codes in one place (`api::error`).
+/// codes in one place (`api::error`); the message is the cause's.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The request is well-formed but cannot be served as asked
     /// (e.g. `workdir_path` does not exist): HTTP 400.
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(ErrorSource),
     /// The backend refused because the generation it holds differs (the
     /// API server's UID precondition, for example): HTTP 409.
     #[error("generation conflict: {0}")]
-    Conflict(String),
+    Conflict(#[source] ErrorSource),
     /// The sandbox did not become healthy in time (everything made was
     /// cleaned up): HTTP 500.
     #[error("sandbox did not become healthy within {0:?}")]
     HealthTimeout(Duration),
     /// Something the sandbox needs is not there yet or could not be had
     /// (its image is still being pulled, or the pull failed): HTTP 503.
-    #[error("{0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(ErrorSource),
     /// The sandbox cannot be reached: HTTP 502 on the proxy path.
     #[error("cannot reach sandbox: {0}")]
-    Unreachable(String),
+    Unreachable(#[source] ErrorSource),
     /// Anything else: HTTP 500.
-    #[error("{0}")]
-    Internal(String),
+    #[error(transparent)]
+    Internal(ErrorSource),
 }
 
 impl BackendError {

@@ -30,6 +30,8 @@ mod locks;
 #[cfg(test)]
 mod tests;
 
+use idle::Activity;
+pub(crate) use idle::Observation;
 pub use locks::{IdLocks, ProxyGuard};
 
 /// How many deletes `stop_all` runs at once.
@@ -106,49 +108,6 @@ struct Tracked {
     activity: Arc<Activity>,
     /// Its OOM kill was counted in the metrics (once per incarnation).
     oom_counted: AtomicBool,
-}
-
-/// An incarnation's activity: a touch counter plus a timestamp, so the
-/// reaper can tell "touched after I looked" even within a millisecond.
-/// Atomics, so a proxied request marks it without the table's lock.
-#[derive(Debug)]
-struct Activity {
-    touches: AtomicU64,
-    /// Milliseconds since the lifecycle's epoch.
-    last_active_ms: AtomicU64,
-}
-
-impl Activity {
-    fn new(now_ms: u64) -> Self {
-        Activity {
-            touches: AtomicU64::new(0),
-            last_active_ms: AtomicU64::new(now_ms),
-        }
-    }
-
-    fn touch(&self, now_ms: u64) {
-        // Written only when it moves on (once a millisecond at most under
-        // load): a read of a shared line costs less than a write to it.
-        if self.last_active_ms.load(Ordering::Relaxed) < now_ms {
-            self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
-        }
-        self.touches.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn touches(&self) -> u64 {
-        self.touches.load(Ordering::SeqCst)
-    }
-}
-
-/// What the reaper observed of one sandbox.
-#[derive(Debug, Clone)]
-pub(crate) struct Observation {
-    pub id: String,
-    pub generation: String,
-    pub touches: u64,
-    pub idle: Duration,
-    /// Proxy requests in flight: a sandbox serving one is not idle.
-    pub inflight: usize,
 }
 
 pub struct Lifecycle {
@@ -762,7 +721,7 @@ impl Lifecycle {
         let record = self
             .get(id)
             .filter(|r| r.generation == generation)
-            .ok_or_else(|| BackendError::Unreachable(format!("sandbox {id} is gone")))?;
+            .ok_or_else(|| BackendError::Unreachable(format!("sandbox {id} is gone").into()))?;
         self.backend.connect(&record).await
     }
 
@@ -877,8 +836,8 @@ impl Lifecycle {
                 id: t.record.sandbox_id.clone(),
                 generation: t.record.generation.clone(),
                 touches: t.activity.touches(),
-                idle: Duration::from_millis(
-                    now.saturating_sub(t.activity.last_active_ms.load(Ordering::Relaxed)),
+                since_active: Duration::from_millis(
+                    now.saturating_sub(t.activity.last_active_ms()),
                 ),
                 inflight: self.locks.inflight(&t.record.sandbox_id),
             })

@@ -310,10 +310,13 @@ impl Backend for KubeBackend {
         async {
             let pod = self.create_inner(spec, health_timeout).await?;
             let record = status::record_from_pod(&pod).ok_or_else(|| {
-                BackendError::Internal(format!(
-                    "pod of sandbox {} has no uid or identity annotations",
-                    spec.sandbox_id
-                ))
+                BackendError::Internal(
+                    format!(
+                        "pod of sandbox {} has no uid or identity annotations",
+                        spec.sandbox_id
+                    )
+                    .into(),
+                )
             })?;
             info!(generation = %record.generation, "pod ready");
             Ok(record)
@@ -406,10 +409,13 @@ impl Backend for KubeBackend {
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
         if self.is_legacy(record) {
-            return Err(BackendError::Unreachable(format!(
-                "sandbox {} was made by the replaced provisioner",
-                record.sandbox_id
-            )));
+            return Err(BackendError::Unreachable(
+                format!(
+                    "sandbox {} was made by the replaced provisioner",
+                    record.sandbox_id
+                )
+                .into(),
+            ));
         }
         let stream = self.connect_inner(record).await?;
         let _ = stream.set_nodelay(true);
