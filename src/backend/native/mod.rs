@@ -10,7 +10,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,37 +91,43 @@ impl Live {
     }
 }
 
-/// The native backend. Cheap to clone, and every clone is the same
-/// backend (the settings are shared, as is the map of live sandboxes):
+/// The native backend, in three parts with one owner each: the
+/// sandboxes (their table and what making, checking and tearing one down
+/// needs), the network (veths, addresses, nftables: [`net`]) and the warm
+/// pool ([`pool`]). Cheap to clone, and every clone is the same backend:
 /// blocking work runs on a clone moved to a blocking thread.
 #[derive(Clone)]
 pub struct NativeBackend {
-    state: StateDir,
-    bundler: Arc<Bundler>,
-    init_path: Arc<Path>,
-    cgroups: Arc<CgroupRoot>,
-    dialer: NetnsDialer,
-    /// Shared with the exit watchers ([`watch`]).
-    live: Arc<watch::LiveMap>,
-    /// PID 1's output per sandbox ([`output`]).
-    outputs: Arc<output::Outputs>,
+    sandboxes: Arc<Sandboxes>,
     /// Veths, addresses and the nftables table ([`net`]).
     net: Arc<net::Network>,
-    /// The host id ranges of the sandboxes' user namespaces, when
-    /// `[userns]` is on ([`userns`]).
-    userns: Option<Arc<userns::Pool>>,
-    /// The image store and pulls ([`crate::images`]).
-    images: Arc<crate::images::Images>,
     /// The warm pool ([`pool`]).
     pool: Arc<pool::Pool>,
-    /// Set at shutdown: the pool no longer refills.
-    closing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The sandboxes' part of the backend: the table of live sandboxes (the
+/// records it owns) and what a create, a check and a teardown use.
+struct Sandboxes {
+    state: StateDir,
+    bundler: Bundler,
+    init_path: PathBuf,
+    cgroups: Arc<CgroupRoot>,
+    dialer: NetnsDialer,
+    /// The records, shared with the exit watchers ([`watch`]).
+    live: Arc<watch::LiveMap>,
+    /// PID 1's output per sandbox ([`output`]).
+    outputs: output::Outputs,
+    /// The host id ranges of the sandboxes' user namespaces, when
+    /// `[userns]` is on ([`userns`]).
+    userns: Option<userns::Pool>,
+    /// The image store and pulls ([`crate::images`]).
+    images: Arc<crate::images::Images>,
     /// How long a start may take until the agent listens.
     health_timeout: Duration,
     /// The node's default limits (what a pool member starts with).
     default_resources: crate::model::Resources,
     /// When list reads the sandboxes' OOM counters ([`oom`]).
-    oom: Arc<oom::Gate>,
+    oom: oom::Gate,
 }
 
 impl NativeBackend {
@@ -176,32 +182,33 @@ impl NativeBackend {
                 .map(|(src, _)| src.clone()),
         );
         probe_paths.extend(bundler.prepared_etc());
-        let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?.map(Arc::new);
+        let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?;
         host::tune(Path::new(host::INOTIFY_INSTANCES));
         host::raise_nofile();
         let network = net::Network::new(&cfg.network)?;
         let images = crate::images::Images::new(cfg, bundler.base())
             .map_err(|e| NativeError::ImageStore(format!("{e:#}")))?;
         let backend = NativeBackend {
-            state,
-            bundler: Arc::new(bundler),
-            init_path: init_path.into(),
-            cgroups: Arc::new(cgroups),
-            dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
-            live: Arc::default(),
-            outputs: Arc::new(output::Outputs::default()),
+            sandboxes: Arc::new(Sandboxes {
+                state,
+                bundler,
+                init_path,
+                cgroups: Arc::new(cgroups),
+                dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
+                live: Arc::default(),
+                outputs: output::Outputs::default(),
+                userns,
+                images: Arc::new(images),
+                health_timeout: Duration::from_secs(cfg.health_timeout_seconds),
+                default_resources: crate::model::Resources {
+                    memory_mb: cfg.limits.memory_mb,
+                    cpus: cfg.limits.cpus,
+                    pids: cfg.limits.pids,
+                },
+                oom: oom::Gate::new(),
+            }),
             net: Arc::new(network),
-            userns,
-            images: Arc::new(images),
             pool: Arc::new(pool::Pool::new(&cfg.pool, &cfg.state_dir)),
-            closing: Arc::default(),
-            health_timeout: Duration::from_secs(cfg.health_timeout_seconds),
-            default_resources: crate::model::Resources {
-                memory_mb: cfg.limits.memory_mb,
-                cpus: cfg.limits.cpus,
-                pids: cfg.limits.pids,
-            },
-            oom: Arc::new(oom::Gate::new()),
         };
         backend.reconcile();
         // The table from the adopted sandboxes; stale veths deleted.
@@ -214,7 +221,7 @@ impl NativeBackend {
             .map(|l| l.cgroup_key.clone())
             .collect();
         backend.pool.start(&known)?;
-        match backend.cgroups.remove_orphans(&known) {
+        match backend.sandboxes.cgroups.remove_orphans(&known) {
             Ok(removed) if !removed.is_empty() => {
                 info!(?removed, "removed orphan cgroups");
             }
@@ -227,16 +234,16 @@ impl NativeBackend {
     /// Starts the background pull of the default image when it is missing
     /// (the daemon serves meanwhile; see [`crate::images`]).
     pub fn start_image_pull(&self) {
-        self.images.start_default_pull();
+        self.sandboxes.images.start_default_pull();
     }
 
     /// Whether the daemon is shutting down.
     fn quiescing(&self) -> bool {
-        self.closing.load(std::sync::atomic::Ordering::SeqCst)
+        self.pool.closing()
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Live>> {
-        self.live.lock()
+        self.sandboxes.live.lock()
     }
 
     /// Tracks a running sandbox and starts watching its PID 1 for an exit
@@ -244,13 +251,13 @@ impl NativeBackend {
     fn track(&self, l: Live) {
         let id = l.record.sandbox_id.clone();
         let (generation, handle) = (l.record.generation.clone(), l.handle.clone());
-        self.live.lock().insert(id.clone(), l);
-        oom::check(&self.live, &id, &generation);
+        self.sandboxes.live.lock().insert(id.clone(), l);
+        oom::check(&self.sandboxes.live, &id, &generation);
         let cleanup = watch::Cleanup {
-            cgroups: self.cgroups.clone(),
-            state: self.state.clone(),
+            cgroups: self.sandboxes.cgroups.clone(),
+            state: self.sandboxes.state.clone(),
         };
-        watch::watch(&self.live, cleanup, &id, &generation, handle);
+        watch::watch(&self.sandboxes.live, cleanup, &id, &generation, handle);
     }
 
     /// Kills what a failed or deleted incarnation left (its PID 1, then
@@ -259,7 +266,7 @@ impl NativeBackend {
     /// directory, in that order, so a crash part-way leaves the directory
     /// and a restart finishes the job. Never touches user files.
     fn destroy(&self, id: &str, handle: Option<&ProcHandle>) {
-        self.outputs.remove(id);
+        self.sandboxes.outputs.remove(id);
         if let Some(h) = handle {
             h.kill();
             if !h.wait_exit(Duration::from_secs(10)) {
@@ -268,7 +275,7 @@ impl NativeBackend {
         }
         failpoint::hit(Point::DeleteAfterKill);
         let cgroup_key = self.cgroup_key(id);
-        kill_and_remove_cgroup(&self.cgroups, &cgroup_key);
+        kill_and_remove_cgroup(&self.sandboxes.cgroups, &cgroup_key);
         failpoint::hit(Point::DeleteAfterCgroup);
         // Its set element and veth (a crash before this point leaves them
         // to the next start-up's rebuild and sweep).
@@ -278,11 +285,11 @@ impl NativeBackend {
         if crate::model::is_pool_key(&cgroup_key) {
             self.pool.remove_slot(&cgroup_key);
         }
-        if let Err(e) = self.state.remove(id) {
+        if let Err(e) = self.sandboxes.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
         // Its host ids: nothing of it runs any more.
-        if let Some(range) = self.userns.as_ref().and_then(|pool| {
+        if let Some(range) = self.sandboxes.userns.as_ref().and_then(|pool| {
             let r = pool.get(id);
             pool.release(id);
             r
@@ -294,7 +301,8 @@ impl NativeBackend {
     /// The name of the cgroup of `id`: recorded in its `state.json` (a
     /// claimed pool member keeps the cgroup it had as a member), else its id.
     fn cgroup_key(&self, id: &str) -> String {
-        self.state
+        self.sandboxes
+            .state
             .load(id)
             .ok()
             .flatten()
@@ -326,19 +334,19 @@ impl NativeBackend {
     }
 
     fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), NativeError> {
-        let live = self.live.lock().remove(id);
+        let live = self.sandboxes.live.lock().remove(id);
         match live {
             Some(l) if l.record.generation != generation => {
-                self.live.lock().insert(id.to_string(), l);
+                self.sandboxes.live.lock().insert(id.to_string(), l);
                 Err(NativeError::OtherGeneration { id: id.to_string() })
             }
             Some(l) => {
                 // An exit cleanup of this incarnation still running ends
                 // first (it no longer finds the record and stops).
                 let _teardown = l.teardown.lock().unwrap_or_else(|e| e.into_inner());
-                if let Ok(Some(mut st)) = self.state.load(id) {
+                if let Ok(Some(mut st)) = self.sandboxes.state.load(id) {
                     st.phase = Phase::Deleting;
-                    let _ = self.state.update(&st);
+                    let _ = self.sandboxes.state.update(&st);
                 }
                 failpoint::hit(Point::DeleteAfterState);
                 self.destroy(id, Some(&l.handle));
@@ -347,7 +355,7 @@ impl NativeBackend {
             }
             None => {
                 // Not live: remove remains of this generation, if any.
-                match self.state.load(id) {
+                match self.sandboxes.state.load(id) {
                     Ok(Some(st)) if st.generation != generation => Ok(()),
                     _ => {
                         self.destroy(id, None);
@@ -480,7 +488,7 @@ impl Backend for NativeBackend {
     }
 
     fn logs(&self, sandbox_id: &str) -> Option<String> {
-        self.outputs.get(sandbox_id).map(|o| o.render())
+        self.sandboxes.outputs.get(sandbox_id).map(|o| o.render())
     }
 
     fn network(&self, sandbox_id: &str) -> Option<SandboxNetwork> {
@@ -504,7 +512,7 @@ impl Backend for NativeBackend {
 
     fn metrics(&self) -> BackendMetrics {
         BackendMetrics {
-            images: Some(self.images.stats()),
+            images: Some(self.sandboxes.images.stats()),
             pool: Some(self.pool.stats()),
             network: self.network_metrics(),
         }
@@ -518,6 +526,7 @@ impl Backend for NativeBackend {
         // The sandbox's image first (pulled if missing; waited for at most
         // the health timeout), then everything else on a blocking thread.
         let image = self
+            .sandboxes
             .images
             .resolve(spec.identity.image.as_deref(), health_timeout)
             .await
@@ -532,11 +541,10 @@ impl Backend for NativeBackend {
     }
 
     async fn shutdown(&self) {
-        self.closing
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.pool.close();
         // Members being started destroy themselves once started (they see
         // `closing`); wait for them, at most a start's timeout.
-        let deadline = tokio::time::Instant::now() + self.health_timeout;
+        let deadline = tokio::time::Instant::now() + self.sandboxes.health_timeout;
         while self.pool.starting() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -567,7 +575,7 @@ impl Backend for NativeBackend {
     }
 
     async fn get(&self, records: &mut [SandboxRecord]) {
-        listing::get(&self.oom, &self.live, records)
+        listing::get(&self.sandboxes.oom, &self.sandboxes.live, records)
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
@@ -595,13 +603,18 @@ impl Backend for NativeBackend {
         };
         let addr = SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::LOCALHOST,
-            self.bundler.host().container_port,
+            self.sandboxes.bundler.host().container_port,
         ));
         let dial = |source| NativeError::Dial {
             id: record.sandbox_id.clone(),
             source,
         };
-        let stream = self.dialer.connect(netns, addr).await.map_err(dial)?;
+        let stream = self
+            .sandboxes
+            .dialer
+            .connect(netns, addr)
+            .await
+            .map_err(dial)?;
         // Small requests and responses go out at once (no Nagle delay).
         let _ = stream.set_nodelay(true);
         Ok(Upstream { stream })
