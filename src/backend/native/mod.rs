@@ -149,9 +149,14 @@ impl NativeBackend {
             None => bundler::sibling_binary("sandbox-init", HostPaths::Prepare)?,
         };
         let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
-        let cgroups = with_device_rules(cgroups, bundler.base());
+        let cgroups = cgroups.with_spec_device_rules(bundler.base());
         bundler.set_device_rules_enforced(cgroups.enforces_devices());
-        move_into_leaf_if_delegated(&cgroups)?;
+        if let Some(service) = crate::cgroups::move_self_to_leaf_if_delegated(&cgroups, "daemon")? {
+            info!(
+                ?service,
+                "moved the daemon into the leaf cgroup `daemon` of its delegated subtree"
+            );
+        }
         let state = StateDir::new(&cfg.state_dir);
         let root = state.root().to_path_buf();
         std::fs::create_dir_all(&root).map_err(|source| NativeError::CreateStateDir {
@@ -395,57 +400,6 @@ fn kill_and_remove_cgroup(cgroups: &CgroupRoot, id: &str) {
         Ok(None) => {}
         Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
     }
-}
-
-/// The base spec's device allow-list (`linux.resources.devices`) for every
-/// sandbox's cgroup. Enforced on v1 and hybrid hosts; on pure v2 (no BPF
-/// device program yet) and without a list, said loudly at start-up.
-fn with_device_rules(cgroups: CgroupRoot, base: &oci_spec::runtime::Spec) -> CgroupRoot {
-    let rules = base
-        .linux()
-        .as_ref()
-        .and_then(|l| l.resources().as_ref())
-        .and_then(|r| r.devices().clone());
-    let Some(rules) = rules else {
-        warn!("the base spec has no linux.resources.devices: sandboxes keep the device access of the cgroup parent");
-        return cgroups;
-    };
-    if cgroups.enforces_devices() {
-        info!(
-            rules = rules.len(),
-            "device allow-list enforced by the devices cgroup"
-        );
-    } else {
-        warn!(
-            layout = %cgroups.layout(),
-            "device allow-list NOT enforced: cgroup v2 needs a BPF device program, which sandboxd does not attach; bundles carry no device rules (see docs/security.md)"
-        );
-    }
-    cgroups.with_device_rules(rules)
-}
-
-/// cgroup v2 forbids processes in a cgroup whose controllers are enabled
-/// for its children. When the sandboxes' parent lies inside the daemon's
-/// own cgroup (systemd `Delegate=yes` with `cgroup_parent` under the
-/// service's cgroup), the daemon first moves itself into a `daemon` leaf.
-fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), NativeError> {
-    if cgroups.layout() != crate::cgroups::Layout::V2 {
-        return Ok(());
-    }
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let Some(own) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
-        return Ok(());
-    };
-    let parent = cgroups.relative_path("x");
-    let parent = parent.parent().unwrap_or(Path::new("/"));
-    if own != "/" && parent.starts_with(own) {
-        let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon")?;
-        info!(
-            ?service,
-            "moved the daemon into the leaf cgroup `daemon` of its delegated subtree"
-        );
-    }
-    Ok(())
 }
 
 /// The status of `record` when `l` is its incarnation: running while
