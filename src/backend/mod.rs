@@ -154,12 +154,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether `record`'s incarnation runs, from the backend's table (no
     /// network round trip where avoidable, no file read): asked on every
-    /// proxied request and on a create's reuse.
+    /// proxied request.
     async fn status(&self, record: &SandboxRecord) -> SandboxStatus;
 
     /// These incarnations as the backend has them now: `status` and
-    /// `oom_killed` brought up to date in place (discover: one record;
-    /// list: every tracked one, answered together).
+    /// `oom_killed` brought up to date in place (discover and a create's
+    /// reuse: one record; list: every tracked one, answered together).
     async fn get(&self, records: &mut [SandboxRecord]);
 
     /// Every sandbox this backend manages right now (start-up adoption,

@@ -374,7 +374,13 @@ impl Lifecycle {
                 if existing.identity != spec.identity && !self.backend.rebindable(&existing) {
                     return Err(LifecycleError::IdentityMismatch(id.clone()));
                 }
-                let status = self.backend.status(&existing).await;
+                // The record as the backend has it now (its OOM flag too:
+                // the answer shows it).
+                let mut fresh = [existing];
+                self.backend.get(&mut fresh).await;
+                self.count_oom_kills(&fresh);
+                let [existing] = fresh;
+                let status = existing.status;
                 if status == SandboxStatus::Running {
                     tracing::Span::current().record("generation", existing.generation.as_str());
                     self.touch(&id);
