@@ -48,12 +48,6 @@ pub struct AppState {
     /// Connections that have not authenticated yet (capped, see [`conns`]).
     pub unauth: conns::UnauthConns,
     pub proxy: proxy::ProxySettings,
-    /// Each listed sandbox's JSON, kept while its record is unchanged
-    /// ([`routes::list_body`]).
-    pub list_cache: std::sync::Mutex<std::collections::HashMap<String, routes::CachedItem>>,
-    /// The last list body and the stamp of the list it was rendered from,
-    /// served again while the stamp is unchanged ([`routes::list`]).
-    pub list_last: std::sync::Mutex<Option<(crate::lifecycle::ListStamp, Bytes)>>,
 }
 
 impl AppState {
@@ -97,8 +91,6 @@ impl AppState {
             upstream_pool: Arc::new(upstream::UpstreamPool::default()),
             unauth: conns::UnauthConns::new(conns::DEFAULT_CAP),
             proxy,
-            list_cache: Default::default(),
-            list_last: Default::default(),
         }
     }
 }

@@ -49,7 +49,7 @@ pub struct SandboxResponse {
     /// The sandbox's network (native backend; absent on the others).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<NetworkInfo>)]
-    pub network: Option<serde_json::Value>,
+    pub network: Option<crate::backend::SandboxNetwork>,
     /// Present once a process of the sandbox was killed by the OOM killer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom_killed: Option<bool>,

@@ -14,7 +14,8 @@ use tracing::{debug, warn, Instrument};
 
 use super::error::ApiError;
 use super::openapi::{
-    DeleteResponse, ErrorDetail, HealthResponse, QuiesceResponse, SandboxResponse, TouchResponse,
+    DeleteResponse, ErrorDetail, HealthResponse, QuiesceResponse, SandboxList, SandboxResponse,
+    TouchResponse,
 };
 use super::upstream::ConnUpstreams;
 use super::{proxy, AppState, RespBody};
@@ -154,65 +155,16 @@ pub fn record_json(state: &AppState, r: &SandboxRecord) -> SandboxResponse {
     }
 }
 
-/// A listed sandbox's record and the JSON it was rendered to.
-pub type CachedItem = (SandboxRecord, Bytes);
-
-/// The body of `GET /api/sandboxes` (a [`SandboxList`]) for `records`
-/// (sorted): each item's JSON is rendered once per change of its record
-/// and kept in [`AppState::list_cache`], so a list of many unchanged
-/// sandboxes costs a comparison and a copy per sandbox.
-pub fn list_body(state: &AppState, records: &[SandboxRecord]) -> Vec<u8> {
-    let mut cache = state.list_cache.lock().unwrap_or_else(|e| e.into_inner());
-    let mut out = Vec::with_capacity(32 + records.len() * 256);
-    out.extend_from_slice(format!("{{\"count\":{},\"sandboxes\":[", records.len()).as_bytes());
-    for (i, r) in records.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        match cache.get(&r.sandbox_id) {
-            Some((cached, json)) if cached == r => out.extend_from_slice(json),
-            _ => {
-                let json =
-                    Bytes::from(serde_json::to_vec(&record_json(state, r)).unwrap_or_default());
-                out.extend_from_slice(&json);
-                cache.insert(r.sandbox_id.clone(), (r.clone(), json));
-            }
-        }
-    }
-    out.extend_from_slice(b"]}");
-    // Forget the sandboxes that are gone (records are sorted by id).
-    if cache.len() > records.len() {
-        cache.retain(|id, _| {
-            records
-                .binary_search_by(|r| r.sandbox_id.as_str().cmp(id))
-                .is_ok()
-        });
-    }
-    out
-}
-
-/// The body of `GET /api/sandboxes`: the one rendered last when the
-/// lifecycle's [`ListStamp`](crate::lifecycle::ListStamp) says nothing it
-/// was made from changed since (no record added, removed or changed, no
-/// exit or OOM kill the backend noticed), else a fresh list through
-/// [`list_body`]. Byte for byte what a fresh list would serve.
+/// The body of `GET /api/sandboxes`: every tracked sandbox as the backend
+/// has it now, rendered.
 pub async fn list(state: &AppState) -> Bytes {
-    let lc = &state.lifecycle;
-    let stamp = lc.list_stamp().await;
-    let last = |s| {
-        let last = state.list_last.lock().unwrap_or_else(|e| e.into_inner());
-        last.as_ref()
-            .filter(|(at, _)| *at == s)
-            .map(|(_, b)| b.clone())
+    let records = state.lifecycle.list().await;
+    let sandboxes: Vec<SandboxResponse> = records.iter().map(|r| record_json(state, r)).collect();
+    let body = SandboxList {
+        count: sandboxes.len(),
+        sandboxes,
     };
-    if let Some(body) = stamp.and_then(last) {
-        return body;
-    }
-    let body = Bytes::from(list_body(state, &lc.list().await));
-    if let Some(s) = stamp {
-        *state.list_last.lock().unwrap_or_else(|e| e.into_inner()) = Some((s, body.clone()));
-    }
-    body
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
 
 fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
@@ -347,16 +299,19 @@ async fn route(
         (Route::Metrics, &Method::GET) => {
             // Reading the nft counters runs the nft binary: off the runtime.
             let b = lc.backend().clone();
-            if let Ok(Some(nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await {
-                lc.metrics().set_network(&nm);
+            if let Ok(m) = tokio::task::spawn_blocking(move || b.metrics()).await {
+                if let Some(nm) = &m.network {
+                    lc.metrics().set_network(nm);
+                }
+                if let Some(s) = &m.pool {
+                    lc.metrics().set_pool(s);
+                }
+                if let Some(s) = &m.images {
+                    lc.metrics().set_images(s);
+                }
             }
-            if let Some(s) = lc.backend().pool_stats() {
-                lc.metrics().set_pool(&s);
-            }
-            if let Some(s) = lc.backend().image_stats() {
-                lc.metrics().set_images(&s);
-            }
-            let text = lc.metrics().render(&lc.status_counts());
+            let counts = crate::lifecycle::Lifecycle::status_counts(&lc.list().await);
+            let text = lc.metrics().render(&counts);
             Ok(Response::builder()
                 .status(StatusCode::OK)
                 .header(

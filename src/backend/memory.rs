@@ -23,16 +23,16 @@ pub struct MemoryBackend {
 /// `http://host:port/path` split into its authority and path.
 fn split_url(url: &str) -> Result<(String, String), BackendError> {
     let rest = url.strip_prefix("http://").ok_or_else(|| {
-        BackendError::Internal(format!("memory URL {url:?} must start with http://"))
+        BackendError::Internal(format!("memory URL {url:?} must start with http://").into())
     })?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
     if authority.is_empty() {
-        return Err(BackendError::Internal(format!(
-            "memory URL {url:?} has no host"
-        )));
+        return Err(BackendError::Internal(
+            format!("memory URL {url:?} has no host").into(),
+        ));
     }
     Ok((
         authority.to_string(),
@@ -100,16 +100,18 @@ impl Backend for MemoryBackend {
         self.current_status(record)
     }
 
-    fn status_now(&self, record: &SandboxRecord) -> Option<SandboxStatus> {
-        Some(self.current_status(record))
+    async fn get(&self, records: &mut [SandboxRecord]) {
+        for r in records {
+            r.status = self.current_status(r);
+        }
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
         let mut map = self.map();
         match map.get(sandbox_id) {
-            Some(r) if r.generation != generation => Err(BackendError::Conflict(format!(
-                "sandbox {sandbox_id} is at another generation"
-            ))),
+            Some(r) if r.generation != generation => Err(BackendError::Conflict(
+                format!("sandbox {sandbox_id} is at another generation").into(),
+            )),
             Some(_) => {
                 map.remove(sandbox_id);
                 Ok(())
@@ -122,7 +124,7 @@ impl Backend for MemoryBackend {
         let (authority, _) = split_url(&self.url_of(&record.sandbox_id))?;
         let stream = TcpStream::connect(&authority)
             .await
-            .map_err(|e| BackendError::Unreachable(format!("{authority}: {e}")))?;
+            .map_err(|e| BackendError::Unreachable(format!("{authority}: {e}").into()))?;
         let _ = stream.set_nodelay(true);
         Ok(Upstream { stream })
     }

@@ -16,32 +16,36 @@ pub mod kube;
 pub mod memory;
 pub mod native;
 
+/// The error a [`BackendError`] carries: the backend's own (its chain of
+/// causes kept), or a message.
+pub type ErrorSource = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a backend operation failed. The HTTP layer maps these to status
-/// codes in one place (`api::error`).
+/// codes in one place (`api::error`); the message is the cause's.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The request is well-formed but cannot be served as asked
     /// (e.g. `workdir_path` does not exist): HTTP 400.
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(ErrorSource),
     /// The backend refused because the generation it holds differs (the
     /// API server's UID precondition, for example): HTTP 409.
     #[error("generation conflict: {0}")]
-    Conflict(String),
+    Conflict(#[source] ErrorSource),
     /// The sandbox did not become healthy in time (everything made was
     /// cleaned up): HTTP 500.
     #[error("sandbox did not become healthy within {0:?}")]
     HealthTimeout(Duration),
     /// Something the sandbox needs is not there yet or could not be had
     /// (its image is still being pulled, or the pull failed): HTTP 503.
-    #[error("{0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(ErrorSource),
     /// The sandbox cannot be reached: HTTP 502 on the proxy path.
     #[error("cannot reach sandbox: {0}")]
-    Unreachable(String),
+    Unreachable(#[source] ErrorSource),
     /// Anything else: HTTP 500.
-    #[error("{0}")]
-    Internal(String),
+    #[error(transparent)]
+    Internal(ErrorSource),
 }
 
 impl BackendError {
@@ -97,6 +101,37 @@ pub struct NetworkMetrics {
     pub bytes: Vec<(String, u64, u64)>,
 }
 
+/// What a backend counts for `/metrics` ([`Backend::metrics`]): each part
+/// only when the backend has it.
+#[derive(Debug, Clone, Default)]
+pub struct BackendMetrics {
+    /// Image pulls, when the backend pulls images.
+    pub images: Option<crate::images::ImageStats>,
+    /// The warm pool, when the backend has one.
+    pub pool: Option<PoolStats>,
+    /// Egress drops and bytes, when the backend manages a network.
+    pub network: Option<NetworkMetrics>,
+}
+
+/// A sandbox's network as the create/discover answer and `sandboxd
+/// inspect` show it (`network`): its mode, and with egress its address,
+/// gateway and host-side link. Fields in the order they have always been
+/// sent (alphabetical).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SandboxNetwork {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::Ipv4Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<std::net::Ipv4Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    pub mode: crate::model::NetworkMode,
+}
+
+/// How one sandbox is made, found, reached and destroyed. The backend owns
+/// the records of its sandboxes (its table: the native backend's, persisted
+/// in each `state.json`; the Kubernetes backend's cache of Pods; the memory
+/// backend's map): status is read from there, never kept elsewhere.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// `native`, `kubernetes` or `memory` (reported by `/health`).
@@ -113,63 +148,23 @@ pub trait Backend: Send + Sync + 'static {
         health_timeout: Duration,
     ) -> Result<SandboxRecord, BackendError>;
 
-    /// Every sandbox this backend manages right now (start-up adoption,
-    /// quiesce). Must include sandboxes made by an earlier daemon process.
-    async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError>;
-
-    /// A cheap status check of one incarnation (no network round trip
-    /// where avoidable): called on discover, on reuse and by the reaper.
-    async fn status(&self, record: &SandboxRecord) -> SandboxStatus;
-
-    /// [`status`](Backend::status) when the backend knows it without
-    /// waiting for anything (its own table): the proxy asks this first on
-    /// every request. `None` (the default): ask `status`.
-    fn status_now(&self, _record: &SandboxRecord) -> Option<SandboxStatus> {
-        None
-    }
-
-    /// Returns the record with the latest status/OOM fields refreshed.
-    /// The default only refreshes `status`.
-    async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
-        let mut r = record.clone();
-        r.status = self.status(record).await;
-        r
-    }
-
-    /// [`refresh`](Backend::refresh) of every record (list), in place:
-    /// the same answers. Only `status` and `oom_killed` change. The
-    /// default refreshes one by one.
-    async fn refresh_all(&self, records: &mut [SandboxRecord]) {
-        let fresh = futures_util::future::join_all(records.iter().map(|r| self.refresh(r))).await;
-        for (r, f) in records.iter_mut().zip(fresh) {
-            r.status = f.status;
-            r.oom_killed = f.oom_killed;
-        }
-    }
-
-    /// A stamp of what [`refresh_all`](Backend::refresh_all) answers from
-    /// besides the records it is given: while two stamps are equal,
-    /// `refresh_all` of the same records gives the same answers, and
-    /// [`network`](Backend::network) too (list serves the body it rendered
-    /// before). Taken before a refresh it stamps that refresh, so anything
-    /// the backend notices later (an exit, an OOM kill, a change of its
-    /// table) must change the next stamp. `None` (the default): the backend
-    /// cannot tell, and every list refreshes every record.
-    async fn refresh_stamp(&self) -> Option<u64> {
-        None
-    }
-
     /// Destroys exactly this incarnation (`generation`). Succeeds when it is
     /// already gone. Never touches user files.
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;
 
-    /// Waits until the background cleanups of deleted sandboxes (if the
-    /// backend defers any) are over: daemon shutdown.
-    async fn settle(&self) {}
+    /// Whether `record`'s incarnation runs, from the backend's table (no
+    /// network round trip where avoidable, no file read): asked on every
+    /// proxied request.
+    async fn status(&self, record: &SandboxRecord) -> SandboxStatus;
 
-    /// The daemon is shutting down: release what only this daemon uses
-    /// (the native backend destroys its warm pool; sandboxes stay).
-    async fn shutdown(&self) {}
+    /// These incarnations as the backend has them now: `status` and
+    /// `oom_killed` brought up to date in place (discover and a create's
+    /// reuse: one record; list: every tracked one, answered together).
+    async fn get(&self, records: &mut [SandboxRecord]);
+
+    /// Every sandbox this backend manages right now (start-up adoption,
+    /// quiesce). Must include sandboxes made by an earlier daemon process.
+    async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError>;
 
     /// Opens a connection to the sandbox's HTTP server.
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError>;
@@ -184,16 +179,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// A path prefix prepended to every proxied path ("" for real sandboxes).
+    fn path_prefix(&self, _record: &SandboxRecord) -> String {
+        String::new()
+    }
+
     /// True for a sandbox adopted read-only from another system (the
     /// Kubernetes backend's Pods of the replaced provisioner): a create of
     /// its id replaces it whatever identity it was recorded with.
     fn rebindable(&self, _record: &SandboxRecord) -> bool {
         false
-    }
-
-    /// A path prefix prepended to every proxied path ("" for real sandboxes).
-    fn path_prefix(&self, _record: &SandboxRecord) -> String {
-        String::new()
     }
 
     /// The recent output of the sandbox's PID 1 (bounded, with timestamps),
@@ -202,25 +197,22 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// The sandbox's network (`mode`, and `address` with egress) for the
-    /// create/discover answer and `sandboxd inspect`, when the backend
-    /// manages one.
-    fn network(&self, _sandbox_id: &str) -> Option<serde_json::Value> {
+    /// The sandbox's network for the create/discover answer and `sandboxd
+    /// inspect`, when the backend manages one.
+    fn network(&self, _sandbox_id: &str) -> Option<SandboxNetwork> {
         None
     }
 
-    /// Image pull counters for `/metrics`, when the backend pulls images.
-    fn image_stats(&self) -> Option<crate::images::ImageStats> {
-        None
+    /// Counters for `/metrics` (may read files: called off the runtime).
+    fn metrics(&self) -> BackendMetrics {
+        BackendMetrics::default()
     }
 
-    /// Warm-pool counters for `/metrics`, when the backend has a pool.
-    fn pool_stats(&self) -> Option<PoolStats> {
-        None
-    }
+    /// The daemon is shutting down: release what only this daemon uses
+    /// (the native backend destroys its warm pool; sandboxes stay).
+    async fn shutdown(&self) {}
 
-    /// Network counters for `/metrics`, when the backend has them.
-    fn network_metrics(&self) -> Option<NetworkMetrics> {
-        None
-    }
+    /// Waits until the background cleanups of deleted sandboxes (if the
+    /// backend defers any) are over: daemon shutdown, after the deletes.
+    async fn settle(&self) {}
 }

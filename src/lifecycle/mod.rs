@@ -1,11 +1,12 @@
 //! The lifecycle layer: the semantics every backend shares.
 //!
-//! It owns the registry of tracked sandboxes and enforces: the identity
-//! check on create, a fresh generation per incarnation (made by the
-//! backend), generation-fenced deletes, per-id serialization of
+//! It keeps policy, not records: which incarnation of each id it admitted
+//! (the generation fence) and its activity, and enforces the identity
+//! check on create, generation-fenced deletes, per-id serialization of
 //! create/delete, operation pins for proxy requests, the idle reaper and
-//! the quiesce gate. It knows nothing about HTTP or about how a sandbox is
-//! made: that is the [`Backend`]'s business.
+//! the quiesce gate. The records themselves, status included, are the
+//! [`Backend`]'s: every status is read from it. It knows nothing about
+//! HTTP or about how a sandbox is made.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -29,6 +30,8 @@ mod locks;
 #[cfg(test)]
 mod tests;
 
+use idle::Activity;
+pub(crate) use idle::Observation;
 pub use locks::{IdLocks, ProxyGuard};
 
 /// How many deletes `stop_all` runs at once.
@@ -95,54 +98,16 @@ pub struct Settings {
     pub allowed_images: Vec<String>,
 }
 
-/// One tracked incarnation (read and written with the table's lock held)
-/// and its activity.
+/// One admitted incarnation (read and written with the table's lock held)
+/// and its activity. `record` is what the backend answered when the
+/// incarnation was made or adopted: its id, generation and identity (the
+/// fence and the identity check); its status is never read here, the
+/// backend is asked.
 struct Tracked {
-    record: SandboxRecord,
+    record: Arc<SandboxRecord>,
     activity: Arc<Activity>,
-}
-
-/// An incarnation's activity: a touch counter plus a timestamp, so the
-/// reaper can tell "touched after I looked" even within a millisecond.
-/// Atomics, so a proxied request marks it without the table's lock.
-#[derive(Debug)]
-struct Activity {
-    touches: AtomicU64,
-    /// Milliseconds since the lifecycle's epoch.
-    last_active_ms: AtomicU64,
-}
-
-impl Activity {
-    fn new(now_ms: u64) -> Self {
-        Activity {
-            touches: AtomicU64::new(0),
-            last_active_ms: AtomicU64::new(now_ms),
-        }
-    }
-
-    fn touch(&self, now_ms: u64) {
-        // Written only when it moves on (once a millisecond at most under
-        // load): a read of a shared line costs less than a write to it.
-        if self.last_active_ms.load(Ordering::Relaxed) < now_ms {
-            self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
-        }
-        self.touches.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn touches(&self) -> u64 {
-        self.touches.load(Ordering::SeqCst)
-    }
-}
-
-/// What the reaper observed of one sandbox.
-#[derive(Debug, Clone)]
-pub(crate) struct Observation {
-    pub id: String,
-    pub generation: String,
-    pub touches: u64,
-    pub idle: Duration,
-    /// Proxy requests in flight: a sandbox serving one is not idle.
-    pub inflight: usize,
+    /// Its OOM kill was counted in the metrics (once per incarnation).
+    oom_counted: AtomicBool,
 }
 
 pub struct Lifecycle {
@@ -150,10 +115,6 @@ pub struct Lifecycle {
     settings: Settings,
     metrics: Arc<Metrics>,
     tracked: Mutex<HashMap<String, Tracked>>,
-    /// Bumped, with the table's lock held, on every change of what the
-    /// table lists (a record added, removed or changed; not activity):
-    /// see [`ListStamp`].
-    changes: AtomicU64,
     locks: Arc<IdLocks>,
     quiescing: AtomicBool,
     /// Creates past the quiesce gate and not finished, and a wake-up for
@@ -161,15 +122,6 @@ pub struct Lifecycle {
     creating: AtomicUsize,
     create_done: Notify,
     epoch: Instant,
-}
-
-/// What a list's answer was made from (see [`Lifecycle::list_stamp`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListStamp {
-    /// The table's change count.
-    table: u64,
-    /// The backend's [`Backend::refresh_stamp`].
-    backend: u64,
 }
 
 /// A proxy request's hold on a sandbox: the record it was admitted for and
@@ -249,7 +201,6 @@ impl Lifecycle {
             settings,
             metrics,
             tracked: Mutex::new(HashMap::new()),
-            changes: AtomicU64::new(0),
             locks: Arc::new(IdLocks::default()),
             quiescing: AtomicBool::new(false),
             creating: AtomicUsize::new(0),
@@ -295,12 +246,15 @@ impl Lifecycle {
     fn track(&self, record: SandboxRecord) {
         let now = self.now_ms();
         let mut table = self.table();
-        self.changed(&record.sandbox_id);
+        // Under the table's lock: a cached admission of the id's previous
+        // incarnation sees the new version.
+        self.locks.bump(&record.sandbox_id);
         table.insert(
             record.sandbox_id.clone(),
             Tracked {
-                record,
+                record: Arc::new(record),
                 activity: Arc::new(Activity::new(now)),
+                oom_counted: AtomicBool::new(false),
             },
         );
     }
@@ -309,19 +263,14 @@ impl Lifecycle {
     fn untrack(&self, id: &str) {
         let mut table = self.table();
         if table.remove(id).is_some() {
-            self.changed(id);
+            self.locks.bump(id);
         }
     }
 
-    /// Notes a change of what the table lists, here of `id`'s record (call
-    /// with the table's lock held).
-    fn changed(&self, id: &str) {
-        self.changes.fetch_add(1, Ordering::SeqCst);
-        self.locks.bump(id);
-    }
-
     fn get(&self, id: &str) -> Option<SandboxRecord> {
-        self.table().get(id).map(|t| t.record.clone())
+        self.table()
+            .get(id)
+            .map(|t| SandboxRecord::clone(&t.record))
     }
 
     /// Marks activity of `id`; returns false when it is not tracked.
@@ -425,7 +374,13 @@ impl Lifecycle {
                 if existing.identity != spec.identity && !self.backend.rebindable(&existing) {
                     return Err(LifecycleError::IdentityMismatch(id.clone()));
                 }
-                let status = self.backend.status(&existing).await;
+                // The record as the backend has it now (its OOM flag too:
+                // the answer shows it).
+                let mut fresh = [existing];
+                self.backend.get(&mut fresh).await;
+                self.count_oom_kills(&fresh);
+                let [existing] = fresh;
+                let status = existing.status;
                 if status == SandboxStatus::Running {
                     tracing::Span::current().record("generation", existing.generation.as_str());
                     self.touch(&id);
@@ -466,7 +421,7 @@ impl Lifecycle {
         .await
     }
 
-    /// Discover: the record with a fresh cheap status. Counts as activity.
+    /// Discover: the record as the backend has it now. Counts as activity.
     /// A sandbox that is not running is absent (404, not activity), as the
     /// provisioner the platform's client was written for answered: the
     /// client then drops its cached connection and creates a new one.
@@ -474,7 +429,10 @@ impl Lifecycle {
     pub async fn discover(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
         validate_sandbox_id(id)?;
         let record = self.get(id).ok_or(LifecycleError::NotFound)?;
-        let fresh = self.refresh(record).await;
+        let mut fresh = [record];
+        self.backend.get(&mut fresh).await;
+        self.count_oom_kills(&fresh);
+        let [fresh] = fresh;
         if fresh.status != SandboxStatus::Running {
             return Err(LifecycleError::NotFound);
         }
@@ -482,74 +440,47 @@ impl Lifecycle {
         Ok(fresh)
     }
 
-    /// Refreshes a record's status and stores it if it is still the same
-    /// incarnation.
-    async fn refresh(&self, record: SandboxRecord) -> SandboxRecord {
-        let fresh = self.backend.refresh(&record).await;
-        if fresh != record {
-            self.store_refreshed(&mut self.table(), record.oom_killed, &fresh);
-        }
-        fresh
-    }
-
-    /// Stores `fresh` (a refresh of a record whose `oom_killed` was
-    /// `old_oom`) if the table still holds that incarnation; counts a newly
-    /// reported OOM kill.
-    fn store_refreshed(
-        &self,
-        table: &mut HashMap<String, Tracked>,
-        old_oom: Option<bool>,
-        fresh: &SandboxRecord,
-    ) {
-        if fresh.oom_killed == Some(true) && old_oom != Some(true) {
-            self.metrics.oom_kills.inc();
-        }
-        if let Some(t) = table.get_mut(&fresh.sandbox_id) {
-            if t.record.generation == fresh.generation && t.record != *fresh {
-                t.record = fresh.clone();
-                self.changed(&fresh.sandbox_id);
-            }
-        }
-    }
-
-    /// Every tracked sandbox, with refreshed statuses: one backend call
-    /// for all of them ([`Backend::refresh_all`]), the changed ones stored
-    /// under one lock of the table.
-    pub async fn list(&self) -> Vec<SandboxRecord> {
-        let mut out: Vec<SandboxRecord> = self.table().values().map(|t| t.record.clone()).collect();
-        let before: Vec<(SandboxStatus, Option<bool>)> =
-            out.iter().map(|r| (r.status, r.oom_killed)).collect();
-        self.backend.refresh_all(&mut out).await;
-        let mut changed = out
+    /// Counts in the metrics each OOM kill the backend reported of a
+    /// tracked incarnation, once.
+    fn count_oom_kills(&self, records: &[SandboxRecord]) {
+        let mut killed = records
             .iter()
-            .zip(&before)
-            .filter(|(fresh, old)| (fresh.status, fresh.oom_killed) != **old)
+            .filter(|r| r.oom_killed == Some(true))
             .peekable();
-        if changed.peek().is_some() {
-            let mut table = self.table();
-            for (fresh, (_, old_oom)) in changed {
-                self.store_refreshed(&mut table, *old_oom, fresh);
+        if killed.peek().is_none() {
+            return;
+        }
+        let table = self.table();
+        for r in killed {
+            if let Some(t) = table.get(&r.sandbox_id) {
+                if t.record.generation == r.generation
+                    && !t.oom_counted.swap(true, Ordering::SeqCst)
+                {
+                    self.metrics.oom_kills.inc();
+                }
             }
         }
+    }
+
+    /// Every tracked sandbox as the backend has it now (one backend call
+    /// for all of them, [`Backend::get`]), sorted by id.
+    pub async fn list(&self) -> Vec<SandboxRecord> {
+        let mut out: Vec<SandboxRecord> = self
+            .table()
+            .values()
+            .map(|t| SandboxRecord::clone(&t.record))
+            .collect();
+        self.backend.get(&mut out).await;
+        self.count_oom_kills(&out);
         out.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
         out
     }
 
-    /// The stamp of what a [`list`](Lifecycle::list) now would answer,
-    /// when the backend can tell ([`Backend::refresh_stamp`]): while it is
-    /// unchanged, so is the list (same records, same statuses, same
-    /// network objects). Taken before a list, it stamps that list.
-    pub async fn list_stamp(&self) -> Option<ListStamp> {
-        let table = self.changes.load(Ordering::SeqCst);
-        let backend = self.backend.refresh_stamp().await?;
-        Some(ListStamp { table, backend })
-    }
-
-    /// Counts by status for `/metrics`, without touching the backend.
-    pub fn status_counts(&self) -> Vec<(&'static str, i64)> {
+    /// Counts of `records` by status for `/metrics`.
+    pub fn status_counts(records: &[SandboxRecord]) -> Vec<(&'static str, i64)> {
         let mut counts = [("running", 0i64), ("creating", 0), ("exited", 0)];
-        for t in self.table().values() {
-            let s = t.record.status.as_str();
+        for r in records {
+            let s = r.status.as_str();
             if let Some(c) = counts.iter_mut().find(|(k, _)| *k == s) {
                 c.1 += 1;
             }
@@ -598,7 +529,7 @@ impl Lifecycle {
                         });
                     }
                 }
-                Ok(Some(t.record.clone()))
+                Ok(Some(SandboxRecord::clone(&t.record)))
             };
             let Some(seen) = check(self)? else {
                 return Ok(false);
@@ -749,7 +680,7 @@ impl Lifecycle {
             // seen below.
             let version = hold.version();
             let (record, activity) = match self.table().get(id) {
-                Some(t) => (Arc::new(t.record.clone()), t.activity.clone()),
+                Some(t) => (t.record.clone(), t.activity.clone()),
                 None => return Err(LifecycleError::NotFound),
             };
             let guard = hold.pin(&watch).await;
@@ -781,11 +712,7 @@ impl Lifecycle {
         mut pin: ProxyPin,
         cache: &mut Option<PinCache>,
     ) -> Result<ProxyPin, LifecycleError> {
-        let status = match self.backend.status_now(&pin.record) {
-            Some(s) => s,
-            None => self.backend.status(&pin.record).await,
-        };
-        if status != SandboxStatus::Running {
+        if self.backend.status(&pin.record).await != SandboxStatus::Running {
             *cache = None;
             return Err(LifecycleError::NotFound);
         }
@@ -800,7 +727,7 @@ impl Lifecycle {
         let record = self
             .get(id)
             .filter(|r| r.generation == generation)
-            .ok_or_else(|| BackendError::Unreachable(format!("sandbox {id} is gone")))?;
+            .ok_or_else(|| BackendError::Unreachable(format!("sandbox {id} is gone").into()))?;
         self.backend.connect(&record).await
     }
 
@@ -915,8 +842,8 @@ impl Lifecycle {
                 id: t.record.sandbox_id.clone(),
                 generation: t.record.generation.clone(),
                 touches: t.activity.touches(),
-                idle: Duration::from_millis(
-                    now.saturating_sub(t.activity.last_active_ms.load(Ordering::Relaxed)),
+                since_active: Duration::from_millis(
+                    now.saturating_sub(t.activity.last_active_ms()),
                 ),
                 inflight: self.locks.inflight(&t.record.sandbox_id),
             })

@@ -363,6 +363,11 @@ impl crate::backend::Backend for ReplacedBehindOurBack {
     async fn status(&self, _r: &SandboxRecord) -> SandboxStatus {
         SandboxStatus::Exited
     }
+    async fn get(&self, records: &mut [SandboxRecord]) {
+        for r in records {
+            r.status = SandboxStatus::Exited;
+        }
+    }
     async fn delete(&self, _id: &str, _g: &str) -> Result<(), BackendError> {
         Err(BackendError::Conflict("replaced".into()))
     }

@@ -24,6 +24,30 @@ pub fn move_self_to_leaf(root: &CgroupRoot, leaf: &str) -> Result<Option<PathBuf
     move_to_leaf(root.v2_root(), &text, std::process::id(), leaf).map(Some)
 }
 
+/// [`move_self_to_leaf`] when the sandboxes' parent lies inside the
+/// daemon's own v2 cgroup (systemd `Delegate=yes` with `cgroup_parent`
+/// under the service's cgroup): the daemon must leave that cgroup first.
+/// Returns the service cgroup when it moved; `None` when it had no need
+/// to (v1 or hybrid, the root cgroup, a parent elsewhere).
+pub fn move_self_to_leaf_if_delegated(
+    root: &CgroupRoot,
+    leaf: &str,
+) -> Result<Option<PathBuf>, CgroupError> {
+    if root.layout() != Layout::V2 {
+        return Ok(None);
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Some(own) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return Ok(None);
+    };
+    let parent = root.relative_path("x");
+    let parent = parent.parent().unwrap_or(Path::new("/"));
+    if own != "/" && parent.starts_with(own) {
+        return move_self_to_leaf(root, leaf);
+    }
+    Ok(None)
+}
+
 /// The testable part of [`move_self_to_leaf`].
 pub(crate) fn move_to_leaf(
     v2_root: &Path,

@@ -28,7 +28,7 @@ mod tests;
 use std::path::PathBuf;
 
 pub use layout::{parse_layout, Layout, Mounts};
-pub use leaf::move_self_to_leaf;
+pub use leaf::{move_self_to_leaf, move_self_to_leaf_if_delegated};
 pub use root::{CgroupParent, CgroupRoot};
 pub use sandbox::SandboxCgroup;
 

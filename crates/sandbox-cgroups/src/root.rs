@@ -98,6 +98,34 @@ impl CgroupRoot {
         self
     }
 
+    /// [`with_device_rules`](Self::with_device_rules) with the base spec's
+    /// device allow-list (`linux.resources.devices`) for every sandbox's
+    /// cgroup. Enforced on v1 and hybrid hosts; on pure v2 (no BPF device
+    /// program yet) and without a list, said loudly at start-up.
+    pub fn with_spec_device_rules(self, base: &oci_spec::runtime::Spec) -> Self {
+        let rules = base
+            .linux()
+            .as_ref()
+            .and_then(|l| l.resources().as_ref())
+            .and_then(|r| r.devices().clone());
+        let Some(rules) = rules else {
+            tracing::warn!("the base spec has no linux.resources.devices: sandboxes keep the device access of the cgroup parent");
+            return self;
+        };
+        if self.enforces_devices() {
+            tracing::info!(
+                rules = rules.len(),
+                "device allow-list enforced by the devices cgroup"
+            );
+        } else {
+            tracing::warn!(
+                layout = %self.layout(),
+                "device allow-list NOT enforced: cgroup v2 needs a BPF device program, which sandboxd does not attach; bundles carry no device rules (see docs/security.md)"
+            );
+        }
+        self.with_device_rules(rules)
+    }
+
     /// Whether device rules are enforced on this host: v1 and hybrid (the
     /// `devices` controller). On pure v2 the kernel would need a BPF device
     /// program, which is not implemented.

@@ -86,15 +86,15 @@ pub fn api_code(e: &kube::Error) -> Option<u16> {
 impl From<KubeError> for BackendError {
     fn from(e: KubeError) -> Self {
         match e {
-            KubeError::Fenced { .. } => BackendError::Conflict(e.to_string()),
+            KubeError::Fenced { .. } => BackendError::Conflict(e.into()),
             KubeError::IdentityMismatch(_) | KubeError::BadWorkdir { .. } => {
-                BackendError::Invalid(e.to_string())
+                BackendError::Invalid(e.into())
             }
             KubeError::NotReady(_, d) => BackendError::HealthTimeout(d),
             KubeError::Unreachable { .. } | KubeError::Credential { .. } => {
-                BackendError::Unreachable(e.to_string())
+                BackendError::Unreachable(e.into())
             }
-            _ => BackendError::Internal(e.to_string()),
+            _ => BackendError::Internal(e.into()),
         }
     }
 }

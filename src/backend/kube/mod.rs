@@ -310,10 +310,13 @@ impl Backend for KubeBackend {
         async {
             let pod = self.create_inner(spec, health_timeout).await?;
             let record = status::record_from_pod(&pod).ok_or_else(|| {
-                BackendError::Internal(format!(
-                    "pod of sandbox {} has no uid or identity annotations",
-                    spec.sandbox_id
-                ))
+                BackendError::Internal(
+                    format!(
+                        "pod of sandbox {} has no uid or identity annotations",
+                        spec.sandbox_id
+                    )
+                    .into(),
+                )
             })?;
             info!(generation = %record.generation, "pod ready");
             Ok(record)
@@ -382,15 +385,17 @@ impl Backend for KubeBackend {
         }
     }
 
-    async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
-        let mut r = record.clone();
-        r.status = self.status(record).await;
-        if let Some(e) = self.cache.get(&record.sandbox_id, &record.generation) {
-            if e.oom {
-                r.oom_killed = Some(true);
+    async fn get(&self, records: &mut [SandboxRecord]) {
+        // Each from the cache, or one API call when its entry is stale.
+        let statuses = futures_util::future::join_all(records.iter().map(|r| self.status(r))).await;
+        for (r, status) in records.iter_mut().zip(statuses) {
+            r.status = status;
+            if let Some(e) = self.cache.get(&r.sandbox_id, &r.generation) {
+                if e.oom {
+                    r.oom_killed = Some(true);
+                }
             }
         }
-        r
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
@@ -404,10 +409,13 @@ impl Backend for KubeBackend {
 
     async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
         if self.is_legacy(record) {
-            return Err(BackendError::Unreachable(format!(
-                "sandbox {} was made by the replaced provisioner",
-                record.sandbox_id
-            )));
+            return Err(BackendError::Unreachable(
+                format!(
+                    "sandbox {} was made by the replaced provisioner",
+                    record.sandbox_id
+                )
+                .into(),
+            ));
         }
         let stream = self.connect_inner(record).await?;
         let _ = stream.set_nodelay(true);

@@ -69,7 +69,7 @@ impl NativeBackend {
             return Ok(());
         }
         let uid = &spec.identity.uid;
-        let host = self.bundler.host();
+        let host = self.sandboxes.bundler.host();
         if let Some(w) = &spec.identity.workdir_path {
             let full = host.workspace(uid).join(w);
             paths::open_dir_nofollow(&full).map_err(NativeError::Workdir)?;
@@ -83,7 +83,7 @@ impl NativeBackend {
 
     /// Holds the store's shared lock while image `i` is known to be there.
     fn image_in_store(&self, i: &ResolvedImage) -> Result<sandbox_image::store::Lock, NativeError> {
-        let store = self.images.store();
+        let store = self.sandboxes.images.store();
         let lock = store
             .lock_shared()
             .map_err(|e| NativeError::ImageStore(e.to_string()))?;
@@ -121,7 +121,7 @@ impl NativeBackend {
             out,
             out_r,
         } = started;
-        self.outputs.start(&st.sandbox_id, out, out_r);
+        self.sandboxes.outputs.start(&st.sandbox_id, out, out_r);
         let record = record_of(&st, SandboxStatus::Running);
         self.track(Live::new(
             record.clone(),
@@ -147,10 +147,10 @@ impl NativeBackend {
         let id = spec.sandbox_id.as_str();
         let mode = self.net.effective(spec.network)?;
         let generation = new_generation();
-        let dir = self.state.sandbox_dir(id);
+        let dir = self.sandboxes.state.sandbox_dir(id);
         // A leftover directory of a dead incarnation (nothing live owns
         // it: the lifecycle deleted any live one first).
-        self.state.remove(id)?;
+        self.sandboxes.state.remove(id)?;
         std::fs::create_dir_all(&dir)
             .map_err(|source| NativeError::CreateSandboxDir { path: dir, source })?;
         let mut st = SandboxState {
@@ -161,7 +161,13 @@ impl NativeBackend {
             pid: None,
             start_time: None,
             // Known before it exists: recorded in the one durable write.
-            cgroup: Some(self.cgroups.relative_path(id).display().to_string()),
+            cgroup: Some(
+                self.sandboxes
+                    .cgroups
+                    .relative_path(id)
+                    .display()
+                    .to_string(),
+            ),
             resources: spec.resources,
             created_at: unix_now(),
             network: None,
@@ -173,7 +179,7 @@ impl NativeBackend {
         let mut made = CreateGuard::new(self, id);
         // Its own host ids, recorded with the first state.json (the guard
         // gives them back if the create fails).
-        if let Some(pool) = &self.userns {
+        if let Some(pool) = &self.sandboxes.userns {
             let range = pool.allocate(id)?;
             tracing::info!(sandbox_id = %id, generation = %generation, host_ids = %format!("{}-{}", range.host, range.host + (range.size - 1)), "user namespace range taken");
             st.userns = Some(range);
@@ -194,14 +200,14 @@ impl NativeBackend {
                 Some(i) => Some(self.image_in_store(i)?),
                 None => None,
             };
-            self.state.save_in_background(&st)?
+            self.sandboxes.state.save_in_background(&st)?
         };
         let mut durable = Some(durable);
         failpoint::hit(Point::CreateAfterState);
-        let cgroup = self.cgroups.create(id, &spec.resources)?;
+        let cgroup = self.sandboxes.cgroups.create(id, &spec.resources)?;
         failpoint::hit(Point::CreateAfterCgroup);
-        let bundle_dir = self.state.bundle_dir(id);
-        self.bundler.write_bundle_with(
+        let bundle_dir = self.sandboxes.state.bundle_dir(id);
+        self.sandboxes.bundler.write_bundle_with(
             spec,
             &generation,
             &bundle_dir,
@@ -212,7 +218,7 @@ impl NativeBackend {
         failpoint::hit(Point::CreateAfterBundle);
         // PID 1's stdout and stderr: a FIFO the daemon drains (never a
         // file a sandbox could grow without bound).
-        let fifo = output::fifo_path(&self.state.sandbox_dir(id));
+        let fifo = output::fifo_path(&self.sandboxes.state.sandbox_dir(id));
         let out_r = output::open_read(&fifo).map_err(|source| NativeError::Output {
             path: fifo.clone(),
             source,
@@ -236,9 +242,9 @@ impl NativeBackend {
         let (launched, attached) = std::thread::scope(|scope| {
             let mut attaching = None;
             let launched = launch::launch(
-                &self.init_path,
+                &self.sandboxes.init_path,
                 &bundle_dir,
-                self.bundler.seccomp_bpf(),
+                self.sandboxes.bundler.seccomp_bpf(),
                 out_w,
                 timeout,
                 &mut |pid| {
@@ -250,7 +256,7 @@ impl NativeBackend {
                         st.pid = Some(pid);
                         st.start_time = Some(h.start_time);
                         let first = durable.take().map_or(Ok(()), |d| d.wait());
-                        if let Err(e) = first.and_then(|()| self.state.update(&st)) {
+                        if let Err(e) = first.and_then(|()| self.sandboxes.state.update(&st)) {
                             save_err = Some(e);
                         }
                         if let (true, Ok(ns)) = (egress, h.open_netns()) {
@@ -310,7 +316,7 @@ impl NativeBackend {
         };
         st.pid = Some(pid);
         st.start_time = Some(handle.start_time);
-        self.state.update(&st)?;
+        self.sandboxes.state.update(&st)?;
         failpoint::hit(Point::CreateAfterRunning);
         made.commit();
         Ok(Started {

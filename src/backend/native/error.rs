@@ -147,14 +147,14 @@ impl NativeError {
 impl From<NativeError> for BackendError {
     fn from(e: NativeError) -> Self {
         match e {
-            _ if e.is_user_error() => BackendError::Invalid(e.to_string()),
+            _ if e.is_user_error() => BackendError::Invalid(e.into()),
             NativeError::Launch(LaunchError::Timeout(t)) => BackendError::HealthTimeout(t),
-            NativeError::OtherGeneration { .. } => BackendError::Conflict(e.to_string()),
-            NativeError::ImageUnavailable(m) => BackendError::Unavailable(m),
+            NativeError::OtherGeneration { .. } => BackendError::Conflict(e.into()),
+            NativeError::ImageUnavailable(m) => BackendError::Unavailable(m.into()),
             NativeError::NotRunning { .. } | NativeError::Dial { .. } => {
-                BackendError::Unreachable(e.to_string())
+                BackendError::Unreachable(e.into())
             }
-            _ => BackendError::Internal(e.to_string()),
+            _ => BackendError::Internal(e.into()),
         }
     }
 }

@@ -1,12 +1,11 @@
-//! List's refresh of every record at once ([`Backend::refresh_all`]):
-//! the OOM flags brought up to date without a file read per sandbox
-//! ([`oom`](super::oom)), then every record's status and flag from one
-//! lock of the table, PID 1's exit checked for all of them in one `poll`
-//! of their pidfds (not one system call per sandbox). The answers are the
-//! ones [`Backend::refresh`] gives record by record.
+//! [`Backend::get`]: records' status and OOM flag read from the table.
+//! For many records (list) the OOM flags are first brought up to date
+//! without a file read per sandbox ([`oom`](super::oom)); for a few
+//! (discover) their own counters are read. Then every record's status and
+//! flag come from one lock of the table, PID 1's exit checked for all of
+//! them in one `poll` of their pidfds (not one system call per sandbox).
 //!
-//! [`Backend::refresh_all`]: crate::backend::Backend::refresh_all
-//! [`Backend::refresh`]: crate::backend::Backend::refresh
+//! [`Backend::get`]: crate::backend::Backend::get
 
 use std::sync::Arc;
 
@@ -20,24 +19,29 @@ use crate::model::{SandboxRecord, SandboxStatus};
 /// Pidfds per `poll` (well under any open-file limit, which bounds `nfds`).
 const POLL_CHUNK: usize = 256;
 
-pub(super) fn refresh_all(gate: &Gate, live: &LiveMap, records: &mut [SandboxRecord]) {
-    oom::sync(gate, live);
+pub(super) fn get(gate: &Gate, live: &LiveMap, records: &mut [SandboxRecord]) {
+    if records.len() <= oom::DIRECT_MAX {
+        for r in records.iter() {
+            oom::check(live, &r.sandbox_id, &r.generation);
+        }
+    } else {
+        oom::sync(gate, live);
+    }
     // Running per the table: PID 1's pidfd still to be polled.
     let mut running: Vec<(usize, Arc<ProcHandle>)> = Vec::with_capacity(records.len());
     {
-        let map = live.read();
+        let map = live.lock();
         for (i, r) in records.iter_mut().enumerate() {
-            match map.get(&r.sandbox_id) {
-                Some(l) if l.record.generation == r.generation => {
+            r.status = SandboxStatus::Exited;
+            if let Some(l) = map.get(&r.sandbox_id) {
+                if l.record.generation == r.generation {
                     if l.record.oom_killed == Some(true) {
                         r.oom_killed = Some(true);
                     }
                     if l.record.status == SandboxStatus::Running {
                         running.push((i, l.handle.clone()));
                     }
-                    r.status = SandboxStatus::Exited;
                 }
-                _ => r.status = SandboxStatus::Exited,
             }
         }
     }
@@ -48,16 +52,6 @@ pub(super) fn refresh_all(gate: &Gate, live: &LiveMap, records: &mut [SandboxRec
             }
         }
     }
-}
-
-/// [`Backend::refresh_stamp`](crate::backend::Backend::refresh_stamp):
-/// the OOM flags brought up to date as [`refresh_all`] does first (a flag
-/// set changes the table), then the table's stamp, which counts the exits
-/// of PID 1s not yet seen (one `epoll_wait`, whatever the number of
-/// sandboxes). No file read per sandbox and no system call per sandbox.
-pub(super) fn stamp(gate: &Gate, live: &LiveMap) -> Option<u64> {
-    oom::sync(gate, live);
-    live.stamp()
 }
 
 /// Whether each process has not exited (no event on its pidfd), as

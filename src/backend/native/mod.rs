@@ -10,17 +10,17 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tracing::{info, warn};
 
-use super::{Backend, BackendError, NetworkMetrics, Upstream};
+use super::{Backend, BackendError, BackendMetrics, NetworkMetrics, SandboxNetwork, Upstream};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
-use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
+use crate::model::{NetworkMode, SandboxRecord, SandboxSpec, SandboxStatus};
 use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
@@ -68,8 +68,6 @@ struct Live {
     /// of this incarnation takes it before anything else, so the cleanup
     /// (by id: cgroup, bundle) is over before a new incarnation can exist.
     teardown: Arc<Mutex<()>>,
-    /// Its PID 1 in the table's exit set (list's stamp), once tracked.
-    exit_watch: Option<watch::ExitWatch>,
 }
 
 impl Live {
@@ -89,42 +87,47 @@ impl Live {
             net,
             cgroup_key,
             teardown: Arc::default(),
-            exit_watch: None,
         }
     }
 }
 
-/// The native backend. Cheap to clone, and every clone is the same
-/// backend (the settings are shared, as is the map of live sandboxes):
+/// The native backend, in three parts with one owner each: the
+/// sandboxes (their table and what making, checking and tearing one down
+/// needs), the network (veths, addresses, nftables: [`net`]) and the warm
+/// pool ([`pool`]). Cheap to clone, and every clone is the same backend:
 /// blocking work runs on a clone moved to a blocking thread.
 #[derive(Clone)]
 pub struct NativeBackend {
-    state: StateDir,
-    bundler: Arc<Bundler>,
-    init_path: Arc<Path>,
-    cgroups: Arc<CgroupRoot>,
-    dialer: NetnsDialer,
-    /// Shared with the exit watchers ([`watch`]).
-    live: Arc<watch::LiveMap>,
-    /// PID 1's output per sandbox ([`output`]).
-    outputs: Arc<output::Outputs>,
+    sandboxes: Arc<Sandboxes>,
     /// Veths, addresses and the nftables table ([`net`]).
     net: Arc<net::Network>,
-    /// The host id ranges of the sandboxes' user namespaces, when
-    /// `[userns]` is on ([`userns`]).
-    userns: Option<Arc<userns::Pool>>,
-    /// The image store and pulls ([`crate::images`]).
-    images: Arc<crate::images::Images>,
     /// The warm pool ([`pool`]).
     pool: Arc<pool::Pool>,
-    /// Set at shutdown: the pool no longer refills.
-    closing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The sandboxes' part of the backend: the table of live sandboxes (the
+/// records it owns) and what a create, a check and a teardown use.
+struct Sandboxes {
+    state: StateDir,
+    bundler: Bundler,
+    init_path: PathBuf,
+    cgroups: Arc<CgroupRoot>,
+    dialer: NetnsDialer,
+    /// The records, shared with the exit watchers ([`watch`]).
+    live: Arc<watch::LiveMap>,
+    /// PID 1's output per sandbox ([`output`]).
+    outputs: output::Outputs,
+    /// The host id ranges of the sandboxes' user namespaces, when
+    /// `[userns]` is on ([`userns`]).
+    userns: Option<userns::Pool>,
+    /// The image store and pulls ([`crate::images`]).
+    images: Arc<crate::images::Images>,
     /// How long a start may take until the agent listens.
     health_timeout: Duration,
     /// The node's default limits (what a pool member starts with).
     default_resources: crate::model::Resources,
     /// When list reads the sandboxes' OOM counters ([`oom`]).
-    oom: Arc<oom::Gate>,
+    oom: oom::Gate,
 }
 
 impl NativeBackend {
@@ -146,9 +149,14 @@ impl NativeBackend {
             None => bundler::sibling_binary("sandbox-init", HostPaths::Prepare)?,
         };
         let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
-        let cgroups = with_device_rules(cgroups, bundler.base());
+        let cgroups = cgroups.with_spec_device_rules(bundler.base());
         bundler.set_device_rules_enforced(cgroups.enforces_devices());
-        move_into_leaf_if_delegated(&cgroups)?;
+        if let Some(service) = crate::cgroups::move_self_to_leaf_if_delegated(&cgroups, "daemon")? {
+            info!(
+                ?service,
+                "moved the daemon into the leaf cgroup `daemon` of its delegated subtree"
+            );
+        }
         let state = StateDir::new(&cfg.state_dir);
         let root = state.root().to_path_buf();
         std::fs::create_dir_all(&root).map_err(|source| NativeError::CreateStateDir {
@@ -179,32 +187,33 @@ impl NativeBackend {
                 .map(|(src, _)| src.clone()),
         );
         probe_paths.extend(bundler.prepared_etc());
-        let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?.map(Arc::new);
+        let userns = userns::decide(&cfg.userns, &init_path, &probe_paths)?;
         host::tune(Path::new(host::INOTIFY_INSTANCES));
         host::raise_nofile();
         let network = net::Network::new(&cfg.network)?;
         let images = crate::images::Images::new(cfg, bundler.base())
             .map_err(|e| NativeError::ImageStore(format!("{e:#}")))?;
         let backend = NativeBackend {
-            state,
-            bundler: Arc::new(bundler),
-            init_path: init_path.into(),
-            cgroups: Arc::new(cgroups),
-            dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
-            live: Arc::new(watch::LiveMap::new()),
-            outputs: Arc::new(output::Outputs::default()),
+            sandboxes: Arc::new(Sandboxes {
+                state,
+                bundler,
+                init_path,
+                cgroups: Arc::new(cgroups),
+                dialer: NetnsDialer::start().map_err(NativeError::NetnsHelper)?,
+                live: Arc::default(),
+                outputs: output::Outputs::default(),
+                userns,
+                images: Arc::new(images),
+                health_timeout: Duration::from_secs(cfg.health_timeout_seconds),
+                default_resources: crate::model::Resources {
+                    memory_mb: cfg.limits.memory_mb,
+                    cpus: cfg.limits.cpus,
+                    pids: cfg.limits.pids,
+                },
+                oom: oom::Gate::new(),
+            }),
             net: Arc::new(network),
-            userns,
-            images: Arc::new(images),
             pool: Arc::new(pool::Pool::new(&cfg.pool, &cfg.state_dir)),
-            closing: Arc::default(),
-            health_timeout: Duration::from_secs(cfg.health_timeout_seconds),
-            default_resources: crate::model::Resources {
-                memory_mb: cfg.limits.memory_mb,
-                cpus: cfg.limits.cpus,
-                pids: cfg.limits.pids,
-            },
-            oom: Arc::new(oom::Gate::new()),
         };
         backend.reconcile();
         // The table from the adopted sandboxes; stale veths deleted.
@@ -217,7 +226,7 @@ impl NativeBackend {
             .map(|l| l.cgroup_key.clone())
             .collect();
         backend.pool.start(&known)?;
-        match backend.cgroups.remove_orphans(&known) {
+        match backend.sandboxes.cgroups.remove_orphans(&known) {
             Ok(removed) if !removed.is_empty() => {
                 info!(?removed, "removed orphan cgroups");
             }
@@ -230,31 +239,30 @@ impl NativeBackend {
     /// Starts the background pull of the default image when it is missing
     /// (the daemon serves meanwhile; see [`crate::images`]).
     pub fn start_image_pull(&self) {
-        self.images.start_default_pull();
+        self.sandboxes.images.start_default_pull();
     }
 
     /// Whether the daemon is shutting down.
     fn quiescing(&self) -> bool {
-        self.closing.load(std::sync::atomic::Ordering::SeqCst)
+        self.pool.closing()
     }
 
-    fn live(&self) -> watch::LiveRead<'_> {
-        self.live.read()
+    fn live(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Live>> {
+        self.sandboxes.live.lock()
     }
 
     /// Tracks a running sandbox and starts watching its PID 1 for an exit
     /// (tracked first, so an exit that is already there is noticed).
-    fn track(&self, mut l: Live) {
+    fn track(&self, l: Live) {
         let id = l.record.sandbox_id.clone();
         let (generation, handle) = (l.record.generation.clone(), l.handle.clone());
-        l.exit_watch = self.live.watch_exit(handle.pidfd());
-        self.live.write().insert(id.clone(), l);
-        oom::tracked(&self.live, &id, &generation);
+        self.sandboxes.live.lock().insert(id.clone(), l);
+        oom::check(&self.sandboxes.live, &id, &generation);
         let cleanup = watch::Cleanup {
-            cgroups: self.cgroups.clone(),
-            state: self.state.clone(),
+            cgroups: self.sandboxes.cgroups.clone(),
+            state: self.sandboxes.state.clone(),
         };
-        watch::watch(&self.live, cleanup, &id, &generation, handle);
+        watch::watch(&self.sandboxes.live, cleanup, &id, &generation, handle);
     }
 
     /// Kills what a failed or deleted incarnation left (its PID 1, then
@@ -263,7 +271,7 @@ impl NativeBackend {
     /// directory, in that order, so a crash part-way leaves the directory
     /// and a restart finishes the job. Never touches user files.
     fn destroy(&self, id: &str, handle: Option<&ProcHandle>) {
-        self.outputs.remove(id);
+        self.sandboxes.outputs.remove(id);
         if let Some(h) = handle {
             h.kill();
             if !h.wait_exit(Duration::from_secs(10)) {
@@ -272,7 +280,7 @@ impl NativeBackend {
         }
         failpoint::hit(Point::DeleteAfterKill);
         let cgroup_key = self.cgroup_key(id);
-        kill_and_remove_cgroup(&self.cgroups, &cgroup_key);
+        kill_and_remove_cgroup(&self.sandboxes.cgroups, &cgroup_key);
         failpoint::hit(Point::DeleteAfterCgroup);
         // Its set element and veth (a crash before this point leaves them
         // to the next start-up's rebuild and sweep).
@@ -282,11 +290,11 @@ impl NativeBackend {
         if crate::model::is_pool_key(&cgroup_key) {
             self.pool.remove_slot(&cgroup_key);
         }
-        if let Err(e) = self.state.remove(id) {
+        if let Err(e) = self.sandboxes.state.remove(id) {
             warn!(sandbox_id = %id, error = %e, "cannot remove sandbox directory");
         }
         // Its host ids: nothing of it runs any more.
-        if let Some(range) = self.userns.as_ref().and_then(|pool| {
+        if let Some(range) = self.sandboxes.userns.as_ref().and_then(|pool| {
             let r = pool.get(id);
             pool.release(id);
             r
@@ -298,7 +306,8 @@ impl NativeBackend {
     /// The name of the cgroup of `id`: recorded in its `state.json` (a
     /// claimed pool member keeps the cgroup it had as a member), else its id.
     fn cgroup_key(&self, id: &str) -> String {
-        self.state
+        self.sandboxes
+            .state
             .load(id)
             .ok()
             .flatten()
@@ -306,20 +315,43 @@ impl NativeBackend {
             .unwrap_or_else(|| id.to_string())
     }
 
+    /// Egress drops and bytes per sandbox, when egress is on.
+    fn network_metrics(&self) -> Option<NetworkMetrics> {
+        if self.net.mode() == crate::config::NetworkMode::None {
+            return None;
+        }
+        let links: Vec<(String, String)> = self
+            .live()
+            .iter()
+            .filter_map(|(id, l)| Some((id.clone(), l.net.as_ref()?.link.clone())))
+            .collect();
+        let bytes = links
+            .into_iter()
+            .filter_map(|(id, link)| {
+                let (sent, received) = self.net.bytes(&link)?;
+                Some((id, sent, received))
+            })
+            .collect();
+        Some(NetworkMetrics {
+            dropped: self.net.drop_counters(),
+            bytes,
+        })
+    }
+
     fn blocking_delete(&self, id: &str, generation: &str) -> Result<(), NativeError> {
-        let live = self.live.write().remove(id);
+        let live = self.sandboxes.live.lock().remove(id);
         match live {
             Some(l) if l.record.generation != generation => {
-                self.live.write().insert(id.to_string(), l);
+                self.sandboxes.live.lock().insert(id.to_string(), l);
                 Err(NativeError::OtherGeneration { id: id.to_string() })
             }
             Some(l) => {
                 // An exit cleanup of this incarnation still running ends
                 // first (it no longer finds the record and stops).
                 let _teardown = l.teardown.lock().unwrap_or_else(|e| e.into_inner());
-                if let Ok(Some(mut st)) = self.state.load(id) {
+                if let Ok(Some(mut st)) = self.sandboxes.state.load(id) {
                     st.phase = Phase::Deleting;
-                    let _ = self.state.update(&st);
+                    let _ = self.sandboxes.state.update(&st);
                 }
                 failpoint::hit(Point::DeleteAfterState);
                 self.destroy(id, Some(&l.handle));
@@ -328,7 +360,7 @@ impl NativeBackend {
             }
             None => {
                 // Not live: remove remains of this generation, if any.
-                match self.state.load(id) {
+                match self.sandboxes.state.load(id) {
                     Ok(Some(st)) if st.generation != generation => Ok(()),
                     _ => {
                         self.destroy(id, None);
@@ -368,57 +400,6 @@ fn kill_and_remove_cgroup(cgroups: &CgroupRoot, id: &str) {
         Ok(None) => {}
         Err(e) => warn!(sandbox_id = %id, error = %e, "cannot open the sandbox's cgroup"),
     }
-}
-
-/// The base spec's device allow-list (`linux.resources.devices`) for every
-/// sandbox's cgroup. Enforced on v1 and hybrid hosts; on pure v2 (no BPF
-/// device program yet) and without a list, said loudly at start-up.
-fn with_device_rules(cgroups: CgroupRoot, base: &oci_spec::runtime::Spec) -> CgroupRoot {
-    let rules = base
-        .linux()
-        .as_ref()
-        .and_then(|l| l.resources().as_ref())
-        .and_then(|r| r.devices().clone());
-    let Some(rules) = rules else {
-        warn!("the base spec has no linux.resources.devices: sandboxes keep the device access of the cgroup parent");
-        return cgroups;
-    };
-    if cgroups.enforces_devices() {
-        info!(
-            rules = rules.len(),
-            "device allow-list enforced by the devices cgroup"
-        );
-    } else {
-        warn!(
-            layout = %cgroups.layout(),
-            "device allow-list NOT enforced: cgroup v2 needs a BPF device program, which sandboxd does not attach; bundles carry no device rules (see docs/security.md)"
-        );
-    }
-    cgroups.with_device_rules(rules)
-}
-
-/// cgroup v2 forbids processes in a cgroup whose controllers are enabled
-/// for its children. When the sandboxes' parent lies inside the daemon's
-/// own cgroup (systemd `Delegate=yes` with `cgroup_parent` under the
-/// service's cgroup), the daemon first moves itself into a `daemon` leaf.
-fn move_into_leaf_if_delegated(cgroups: &CgroupRoot) -> Result<(), NativeError> {
-    if cgroups.layout() != crate::cgroups::Layout::V2 {
-        return Ok(());
-    }
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let Some(own) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
-        return Ok(());
-    };
-    let parent = cgroups.relative_path("x");
-    let parent = parent.parent().unwrap_or(Path::new("/"));
-    if own != "/" && parent.starts_with(own) {
-        let service = crate::cgroups::move_self_to_leaf(cgroups, "daemon")?;
-        info!(
-            ?service,
-            "moved the daemon into the leaf cgroup `daemon` of its delegated subtree"
-        );
-    }
-    Ok(())
 }
 
 /// The status of `record` when `l` is its incarnation: running while
@@ -461,51 +442,34 @@ impl Backend for NativeBackend {
     }
 
     fn logs(&self, sandbox_id: &str) -> Option<String> {
-        self.outputs.get(sandbox_id).map(|o| o.render())
+        self.sandboxes.outputs.get(sandbox_id).map(|o| o.render())
     }
 
-    fn network(&self, sandbox_id: &str) -> Option<serde_json::Value> {
+    fn network(&self, sandbox_id: &str) -> Option<SandboxNetwork> {
         let live = self.live();
         let l = live.get(sandbox_id)?;
         Some(match &l.net {
-            Some(n) => serde_json::json!({
-                "mode": "egress",
-                "address": n.address.to_string(),
-                "gateway": n.gateway.to_string(),
-                "link": n.link,
-            }),
-            None => serde_json::json!({ "mode": "none" }),
+            Some(n) => SandboxNetwork {
+                mode: NetworkMode::Egress,
+                address: Some(n.address),
+                gateway: Some(n.gateway),
+                link: Some(n.link.clone()),
+            },
+            None => SandboxNetwork {
+                mode: NetworkMode::None,
+                address: None,
+                gateway: None,
+                link: None,
+            },
         })
     }
 
-    fn image_stats(&self) -> Option<crate::images::ImageStats> {
-        Some(self.images.stats())
-    }
-
-    fn pool_stats(&self) -> Option<super::PoolStats> {
-        Some(self.pool.stats())
-    }
-
-    fn network_metrics(&self) -> Option<NetworkMetrics> {
-        if self.net.mode() == crate::config::NetworkMode::None {
-            return None;
+    fn metrics(&self) -> BackendMetrics {
+        BackendMetrics {
+            images: Some(self.sandboxes.images.stats()),
+            pool: Some(self.pool.stats()),
+            network: self.network_metrics(),
         }
-        let links: Vec<(String, String)> = self
-            .live()
-            .iter()
-            .filter_map(|(id, l)| Some((id.clone(), l.net.as_ref()?.link.clone())))
-            .collect();
-        let bytes = links
-            .into_iter()
-            .filter_map(|(id, link)| {
-                let (sent, received) = self.net.bytes(&link)?;
-                Some((id, sent, received))
-            })
-            .collect();
-        Some(NetworkMetrics {
-            dropped: self.net.drop_counters(),
-            bytes,
-        })
     }
 
     async fn create(
@@ -516,6 +480,7 @@ impl Backend for NativeBackend {
         // The sandbox's image first (pulled if missing; waited for at most
         // the health timeout), then everything else on a blocking thread.
         let image = self
+            .sandboxes
             .images
             .resolve(spec.identity.image.as_deref(), health_timeout)
             .await
@@ -530,11 +495,10 @@ impl Backend for NativeBackend {
     }
 
     async fn shutdown(&self) {
-        self.closing
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.pool.close();
         // Members being started destroy themselves once started (they see
         // `closing`); wait for them, at most a start's timeout.
-        let deadline = tokio::time::Instant::now() + self.health_timeout;
+        let deadline = tokio::time::Instant::now() + self.sandboxes.health_timeout;
         while self.pool.starting() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -564,33 +528,8 @@ impl Backend for NativeBackend {
         self.current_status(record)
     }
 
-    fn status_now(&self, record: &SandboxRecord) -> Option<SandboxStatus> {
-        Some(self.current_status(record))
-    }
-
-    async fn refresh(&self, record: &SandboxRecord) -> SandboxRecord {
-        let mut r = record.clone();
-        r.status = self.status(record).await;
-        // Read at exit, before the cgroup went; else the live count (read
-        // after the table's lock is released: it is a file read).
-        let (recorded, cgroup) = match self.live().get(&record.sandbox_id) {
-            Some(l) if l.record.generation == record.generation => {
-                (l.record.oom_killed == Some(true), l.cgroup.clone())
-            }
-            _ => return r,
-        };
-        if recorded || cgroup.is_some_and(|cg| cg.oom_kills() > 0) {
-            r.oom_killed = Some(true);
-        }
-        r
-    }
-
-    async fn refresh_all(&self, records: &mut [SandboxRecord]) {
-        listing::refresh_all(&self.oom, &self.live, records)
-    }
-
-    async fn refresh_stamp(&self) -> Option<u64> {
-        listing::stamp(&self.oom, &self.live)
+    async fn get(&self, records: &mut [SandboxRecord]) {
+        listing::get(&self.sandboxes.oom, &self.sandboxes.live, records)
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
@@ -618,13 +557,18 @@ impl Backend for NativeBackend {
         };
         let addr = SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::LOCALHOST,
-            self.bundler.host().container_port,
+            self.sandboxes.bundler.host().container_port,
         ));
         let dial = |source| NativeError::Dial {
             id: record.sandbox_id.clone(),
             source,
         };
-        let stream = self.dialer.connect(netns, addr).await.map_err(dial)?;
+        let stream = self
+            .sandboxes
+            .dialer
+            .connect(netns, addr)
+            .await
+            .map_err(dial)?;
         // Small requests and responses go out at once (no Nagle delay).
         let _ = stream.set_nodelay(true);
         Ok(Upstream { stream })

@@ -26,7 +26,7 @@
 //! takes the list of live sandboxes, then reads their counters): a kill
 //! counted in the node-wide figure it read happened before it took the
 //! list, so it sees the kill in the sandbox's counter, or the sandbox was
-//! tracked after the list was taken and [`tracked`] read its counter after
+//! tracked after the list was taken and [`check`] read its counter after
 //! tracking it. A sandbox that exited had its counter read by the exit
 //! watcher before its cgroup went. Flags only ever go from unset to set.
 //!
@@ -121,7 +121,7 @@ fn unflagged(map: &HashMap<String, Live>) -> impl Iterator<Item = &Live> {
 /// Reads the counters of the unflagged live sandboxes (the list taken
 /// now) and flags those with a kill.
 fn scan(live: &LiveMap) {
-    let todo: Vec<(String, String, Arc<SandboxCgroup>)> = unflagged(&live.read())
+    let todo: Vec<(String, String, Arc<SandboxCgroup>)> = unflagged(&live.lock())
         .filter_map(|l| {
             let cg = l.cgroup.clone()?;
             Some((l.record.sandbox_id.clone(), l.record.generation.clone(), cg))
@@ -140,7 +140,7 @@ fn flag(live: &LiveMap, hit: Vec<(String, String)>) {
     if hit.is_empty() {
         return;
     }
-    let mut map = live.write();
+    let mut map = live.lock();
     for (id, generation) in hit {
         if let Some(l) = map
             .get_mut(&id)
@@ -151,11 +151,14 @@ fn flag(live: &LiveMap, hit: Vec<(String, String)>) {
     }
 }
 
-/// After `id` at `generation` was tracked: its counter (a kill during the
-/// launch, or one a scan that took its list before the tracking missed).
-pub(super) fn tracked(live: &LiveMap, id: &str, generation: &str) {
-    let cg = match live.read().get(id) {
-        Some(l) if l.record.generation == generation => l.cgroup.clone(),
+/// Reads the counter of `id` at `generation` unless it is flagged already:
+/// after it was tracked (a kill during the launch, or one a scan that took
+/// its list before the tracking missed), and for a get of a few records.
+pub(super) fn check(live: &LiveMap, id: &str, generation: &str) {
+    let cg = match live.lock().get(id) {
+        Some(l) if l.record.generation == generation && l.record.oom_killed != Some(true) => {
+            l.cgroup.clone()
+        }
         _ => None,
     };
     if cg.is_some_and(|cg| cg.oom_kills() > 0) {
@@ -167,7 +170,7 @@ pub(super) fn tracked(live: &LiveMap, id: &str, generation: &str) {
 /// doc): directly when at most [`DIRECT_MAX`] are not flagged yet, else
 /// through the gate.
 pub(super) fn sync(gate: &Gate, live: &LiveMap) {
-    let few = unflagged(&live.read()).take(DIRECT_MAX + 1).count() <= DIRECT_MAX;
+    let few = unflagged(&live.lock()).take(DIRECT_MAX + 1).count() <= DIRECT_MAX;
     if few {
         scan(live);
     } else {

@@ -38,7 +38,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,6 +97,8 @@ pub struct Pool {
     claimed: AtomicU64,
     empty: AtomicU64,
     failed: AtomicU64,
+    /// Set at shutdown: the pool no longer refills.
+    closing: AtomicBool,
 }
 
 impl Pool {
@@ -125,7 +127,18 @@ impl Pool {
             claimed: AtomicU64::new(0),
             empty: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
         }
+    }
+
+    /// The daemon is shutting down: no more refills.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the daemon is shutting down.
+    pub fn closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
     }
 
     /// After the start-up reconciliation: removes the attach points of
@@ -418,12 +431,17 @@ impl NativeBackend {
 
     /// Starts one member of `variant`; false when that failed (logged).
     async fn start_member(&self, variant: usize) -> bool {
-        let timeout = self.health_timeout;
+        let timeout = self.sandboxes.health_timeout;
         let (network, requested) = {
             let v = &self.pool.variants[variant];
             (v.network, v.image.clone())
         };
-        let image = match self.images.resolve(requested.as_deref(), timeout).await {
+        let image = match self
+            .sandboxes
+            .images
+            .resolve(requested.as_deref(), timeout)
+            .await
+        {
             Ok(i) => i,
             Err(e) => {
                 warn!(error = %e, "pool: the default image is not available; retrying");
@@ -433,7 +451,7 @@ impl NativeBackend {
         let b = self.clone();
         let started = tokio::task::spawn_blocking(move || {
             let key = format!("{POOL_KEY_PREFIX}{:016x}", rand::random::<u64>());
-            let mut spec = member_sandbox_spec(&key, b.default_resources);
+            let mut spec = member_sandbox_spec(&key, b.sandboxes.default_resources);
             spec.network = network;
             spec.identity.image = requested;
             let slot = b
@@ -570,7 +588,7 @@ impl NativeBackend {
             Ok(a) => a,
             Err(e) => return Err(Box::new((e, Some(m)))),
         };
-        let env = match self.bundler.command_env(spec, image) {
+        let env = match self.sandboxes.bundler.command_env(spec, image) {
             Ok(env) => env,
             Err(e) => return Err(Box::new((e, Some(m)))),
         };
@@ -614,7 +632,7 @@ impl NativeBackend {
             None => None,
         };
         let slot = self.pool.slot_dir(key);
-        let host = self.bundler.host();
+        let host = self.sandboxes.bundler.host();
         let claim_err = |what: &str, e: std::io::Error| NativeError::Claim(format!("{what}: {e}"));
         let mut attrs = MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV;
         if userns.is_some() {
@@ -700,6 +718,7 @@ impl NativeBackend {
         .map_err(|_| NativeError::Claim("the hostname thread panicked".into()))?
         .map_err(NativeError::Claim)?;
         let files = self
+            .sandboxes
             .state
             .bundle_dir(&m.started.st.sandbox_id)
             .join("files");
@@ -722,11 +741,12 @@ impl NativeBackend {
         use http_body_util::{BodyExt, Full};
         let addr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
             std::net::Ipv4Addr::LOCALHOST,
-            self.bundler.host().container_port,
+            self.sandboxes.bundler.host().container_port,
         ));
         let err =
             |what: &str, e: &dyn std::fmt::Display| NativeError::Claim(format!("{what}: {e}"));
         let stream = self
+            .sandboxes
             .dialer
             .connect(m.started.netns.clone(), addr)
             .await
@@ -742,7 +762,7 @@ impl NativeBackend {
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(bytes::Bytes::from(body)))
             .map_err(|e| err("request", &e))?;
-        let resp = tokio::time::timeout(self.health_timeout, send.send_request(request))
+        let resp = tokio::time::timeout(self.sandboxes.health_timeout, send.send_request(request))
             .await
             .map_err(|_| NativeError::Claim("the member's agent did not answer the claim".into()))?
             .map_err(|e| err("claim", &e))?;
@@ -776,10 +796,13 @@ impl NativeBackend {
         let fail = |e: NativeError, m: Member| Err(Box::new((e, Some(m))));
         // A leftover directory of a dead incarnation (the lifecycle deleted
         // any live one first).
-        if let Err(e) = self.state.remove(id) {
+        if let Err(e) = self.sandboxes.state.remove(id) {
             return fail(e.into(), m);
         }
-        if let Err(e) = std::fs::rename(self.state.sandbox_dir(&key), self.state.sandbox_dir(id)) {
+        if let Err(e) = std::fs::rename(
+            self.sandboxes.state.sandbox_dir(&key),
+            self.sandboxes.state.sandbox_dir(id),
+        ) {
             return fail(
                 NativeError::Claim(format!("renaming the member's directory: {e}")),
                 m,
@@ -795,14 +818,14 @@ impl NativeBackend {
         st.created_at = unix_now();
         tracing::Span::current().record("generation", st.generation.as_str());
         // In memory, the member's key becomes the id.
-        if let Some(u) = &self.userns {
+        if let Some(u) = &self.sandboxes.userns {
             u.rename(&key, id);
         }
         self.net.rename(&key, id);
         // Not fsync'd: the member's first record was (see create.rs); after
         // a daemon crash the page cache has this one, after a host crash
         // nothing of the sandbox runs and either record gets it cleaned up.
-        if let Err(e) = self.state.update(st) {
+        if let Err(e) = self.sandboxes.state.update(st) {
             // Destroyed under its new id (the directory moved).
             self.destroy(id, Some(&started.handle));
             return Err(Box::new((e.into(), None)));

@@ -15,7 +15,7 @@ impl NativeBackend {
     pub(super) fn reconcile(&self) {
         let mut adopted = 0usize;
         let mut cleaned = 0usize;
-        for id in self.state.ids() {
+        for id in self.sandboxes.state.ids() {
             // Every line about this sandbox, `destroy`'s included, carries
             // its id and (once read from its state) its generation.
             let span = tracing::info_span!(
@@ -24,7 +24,7 @@ impl NativeBackend {
                 generation = tracing::field::Empty
             );
             let _in_span = span.enter();
-            let st = match self.state.load(&id) {
+            let st = match self.sandboxes.state.load(&id) {
                 Ok(Some(st)) => {
                     span.record("generation", st.generation.as_str());
                     st
@@ -55,9 +55,9 @@ impl NativeBackend {
                     Ok(ns) => {
                         info!(sandbox_id = %id, generation = %st.generation, pid = h.pid, "adopted running sandbox");
                         // Go on reading its output where the old daemon stopped.
-                        let fifo = output::fifo_path(&self.state.sandbox_dir(&id));
+                        let fifo = output::fifo_path(&self.sandboxes.state.sandbox_dir(&id));
                         match output::open_read(&fifo) {
-                            Ok(fd) => self.outputs.start(
+                            Ok(fd) => self.sandboxes.outputs.start(
                                 &id,
                                 Arc::new(output::Output::new(&id, &st.generation)),
                                 fd,
@@ -76,7 +76,7 @@ impl NativeBackend {
                             ok
                         });
                         // Its host ids stay taken while it runs.
-                        match (&self.userns, &st.userns) {
+                        match (&self.sandboxes.userns, &st.userns) {
                             (Some(pool), Some(range)) => pool.adopt(&id, range),
                             (None, Some(range)) => {
                                 info!(sandbox_id = %id, host = range.host, "adopted sandbox keeps its user namespace (user namespaces are off for new sandboxes)")
@@ -89,7 +89,7 @@ impl NativeBackend {
                             record_of(&st, SandboxStatus::Running),
                             Arc::new(h),
                             Arc::new(ns),
-                            self.cgroups.open(&cgroup_key).ok().flatten(),
+                            self.sandboxes.cgroups.open(&cgroup_key).ok().flatten(),
                             net,
                             cgroup_key,
                         ));
