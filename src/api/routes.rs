@@ -337,6 +337,7 @@ async fn route(
                 idle_timeout_seconds: lc.settings().idle_timeout.map(|d| d.as_secs()).unwrap_or(0),
                 idle_check_interval_seconds: lc.settings().idle_check_interval.as_secs(),
                 tracked_sandboxes: lc.tracked_count(),
+                egress: lc.backend().egress().map(|(s, _)| s.to_string()),
             },
         )),
         (Route::OpenApi, &Method::GET) => Ok(Response::builder()
@@ -349,6 +350,9 @@ async fn route(
             let b = lc.backend().clone();
             if let Ok(Some(nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await {
                 lc.metrics().set_network(&nm);
+            }
+            if let Some((_, rebuilds)) = lc.backend().egress() {
+                lc.metrics().set_egress_rebuilds(rebuilds);
             }
             if let Some(s) = lc.backend().pool_stats() {
                 lc.metrics().set_pool(&s);

@@ -219,6 +219,13 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// The state of the node's egress policy (`enforced`, `rebuilding`,
+    /// `failed`) and how many times it was rebuilt after a loss, when the
+    /// backend enforces one (see `docs/network.md`).
+    fn egress(&self) -> Option<(&'static str, u64)> {
+        None
+    }
+
     /// Network counters for `/metrics`, when the backend has them.
     fn network_metrics(&self) -> Option<NetworkMetrics> {
         None

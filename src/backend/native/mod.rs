@@ -486,6 +486,10 @@ impl Backend for NativeBackend {
         Some(self.pool.stats())
     }
 
+    fn egress(&self) -> Option<(&'static str, u64)> {
+        self.net.egress_health().map(|(h, n)| (h.as_str(), n))
+    }
+
     fn network_metrics(&self) -> Option<NetworkMetrics> {
         if self.net.mode() == crate::config::NetworkMode::None {
             return None;
