@@ -26,6 +26,7 @@ use tracing::{error, info, warn};
 
 const NFNLGRP_NFTABLES: libc::c_int = 7;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWTABLE: u8 = 0;
 const NFT_MSG_DELTABLE: u8 = 2;
 const NFT_MSG_NEWSETELEM: u8 = 12;
 const NFT_MSG_DELSETELEM: u8 = 14;
@@ -184,12 +185,15 @@ pub struct Touch {
     pub changed: bool,
     /// It deleted the table.
     pub deleted: bool,
+    /// It created a table of that name.
+    pub created: bool,
 }
 
 /// A finished transaction that changed the table and is not ours.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Foreign {
     pub deleted: bool,
+    pub created: bool,
     pub pid: u32,
     pub process: String,
 }
@@ -229,6 +233,7 @@ pub fn scan(
                     .unwrap_or_default();
                 out.push(Foreign {
                     deleted: t.deleted,
+                    created: t.created,
                     pid,
                     process,
                 });
@@ -242,6 +247,7 @@ pub fn scan(
         if attr(attrs, 1).is_some_and(|n| n.strip_suffix(b"\0").unwrap_or(n) == table.as_bytes()) {
             cur.changed = true;
             cur.deleted |= what == NFT_MSG_DELTABLE;
+            cur.created |= what == NFT_MSG_NEWTABLE;
         }
     }
     out
@@ -285,7 +291,11 @@ pub fn spawn(
                             continue;
                         }
                         for f in scan(&buf[..n], &table, &mut cur, |p| guard.is_own(p)) {
-                            let what = if f.deleted { "deleted" } else { "changed" };
+                            let what = match (f.deleted, f.created) {
+                                (true, true) => "replaced",
+                                (true, false) => "deleted",
+                                _ => "changed",
+                            };
                             warn!(
                                 table = %format!("inet {table}"),
                                 pid = f.pid,
@@ -388,6 +398,7 @@ mod tests {
             f,
             vec![Foreign {
                 deleted: true,
+                created: false,
                 pid: 42,
                 process: "nft".into()
             }]

@@ -230,7 +230,8 @@ impl Network {
             resolvers,
             host_nets,
         };
-        info!(host_networks = ?policy.host_nets, "the host's networks and addresses are denied to sandboxes (unless in [network] allow)");
+        let nets: Vec<String> = policy.host_nets.iter().map(|c| c.to_string()).collect();
+        info!(host_networks = %nets.join(", "), "the host's networks and addresses are denied to sandboxes (unless in [network] allow)");
         Ok(Network {
             mode: NetworkMode::Egress,
             egress: Some(Egress {
