@@ -227,11 +227,15 @@ async fn assert_reaches(d: &Daemon, net: &TestInternet, id: &str, addr: &str, po
     assert!(net.seen(&format!("{addr}:{port}")));
 }
 
-/// Dropped (a timeout, not a refusal: nothing answered) and never seen by
-/// a server.
+/// Dropped (a timeout, not a refusal: nothing answered; or refused with
+/// EPERM by the deny table inside the sandbox's own namespace) and never
+/// seen by a server.
 async fn assert_dropped(d: &Daemon, net: Option<&TestInternet>, id: &str, addr: &str, port: u16) {
     let (out, rc) = fetch(d, id, addr, port).await;
-    assert_eq!(rc, 124, "{id} -> {addr}:{port} was not dropped: {out}");
+    assert!(
+        rc == 124 || (rc != 0 && out.contains("Operation not permitted")),
+        "{id} -> {addr}:{port} was not dropped: {out}"
+    );
     if let Some(net) = net {
         assert!(
             !net.seen(&format!("{addr}:{port}")),
@@ -599,20 +603,39 @@ fn probe_loop(targets: &[(String, u16)], stop: &AtomicBool) -> (Vec<String>, u32
     let mut reached = Vec::new();
     let mut rounds = 0;
     while !stop.load(Ordering::Relaxed) {
-        for (a, p) in targets {
-            let addr: std::net::SocketAddr = format!("{a}:{p}").parse().unwrap();
-            match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
-                Ok(_) => reached.push(format!("{a}:{p} connected")),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    reached.push(format!("{a}:{p} refused"))
-                }
-                Err(_) => {}
-            }
-        }
+        reached.extend(probe_once(targets).0);
         rounds += 1;
         std::thread::sleep(Duration::from_millis(5));
     }
     (reached, rounds)
+}
+
+/// One round of [`probe_loop`].
+fn probe_once(targets: &[(String, u16)]) -> (Vec<String>, ()) {
+    let mut reached = Vec::new();
+    for (a, p) in targets {
+        let addr: std::net::SocketAddr = format!("{a}:{p}").parse().unwrap();
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(_) => reached.push(format!("{a}:{p} connected")),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                reached.push(format!("{a}:{p} refused"))
+            }
+            Err(_) => {}
+        }
+    }
+    (reached, ())
+}
+
+/// Keys of the unclaimed pool members (their state directories).
+fn members(d: &Daemon) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d.state_dir.path().join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(".pool-"))
+        .collect();
+    v.sort();
+    v
 }
 
 /// #32 §1: with the daemon's table deleted, then the whole ruleset
@@ -636,6 +659,7 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     );
     let resolv = dirs.root.path().join("host-resolv.conf");
     std::fs::write(&resolv, format!("nameserver {RESOLVER}\n")).unwrap();
+    let resume = dirs.root.path().join("resume-rebuild");
     // The daemon, in the node's network namespace only.
     let wrapper = dirs.root.path().join("sandboxd-in-node");
     std::fs::write(
@@ -660,6 +684,9 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
             ALLOW_PUBLIC,
             ("SANDBOXD_NETWORK_RESOLV_CONF", resolv.to_str().unwrap()),
             ("SANDBOXD_POOL_SIZE", "1"),
+            // The first rebuild waits for the test (below).
+            ("SANDBOXD_FAILPOINT", "net:before_rebuild"),
+            ("SANDBOXD_FAILPOINT_PAUSE", resume.to_str().unwrap()),
         ],
         &format!("{API_NODE}:0"),
     );
@@ -718,12 +745,59 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
         (gateway.clone(), api_port),
         (b_addr.clone(), 8080),
     ];
-    // The pool member probes from its namespace (a thread of this test
+    let member_ns = std::fs::File::open(format!("/proc/{member_pid}/ns/net")).unwrap();
+
+    // The table deleted, its rebuild held (failpoint): the window stays
+    // open while the test looks. Nothing gets through; /health says
+    // `rebuilding`; a create that needs egress waits, then answers 503 (the
+    // pool member is not handed out).
+    let out = TestNode::nft(&["delete", "table", "inet", &table], None);
+    assert!(out.status.success(), "{out:?}");
+    let mut paused = resume.clone().into_os_string();
+    paused.push(".paused");
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::path::Path::new(&paused).exists() {
+        assert!(std::time::Instant::now() < end, "the rebuild did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(TestNode::elements(&table).is_none());
+    let (_, h) = d.json("GET", "/health", None).await;
+    assert_eq!(h["egress"], "rebuilding", "{h}");
+    for t in [PRIVATE, METADATA] {
+        assert_dropped(&d, Some(&net), "fa", t, 80).await;
+    }
+    assert_dropped(&d, None, "fa", API_NODE, api_port).await;
+    assert_dropped(&d, None, "fa", &gateway, api_port).await;
+    assert_dropped(&d, None, "fa", &b_addr, 8080).await;
+    let reached = {
+        let (ns, t) = (member_ns.try_clone().unwrap(), targets.clone());
+        std::thread::spawn(move || {
+            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            probe_once(&t).0
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(reached.is_empty(), "the pool member got through: {reached:?}");
+    let (s, v) = d
+        .create(json!({"sandbox_id":"fw","thread_id":"t","uid":"u3","inherit_env":false}))
+        .await;
+    assert_eq!(s, 503, "{v}");
+    assert!(v.to_string().contains("egress policy is not in force"), "{v}");
+    assert_eq!(members(&d), vec![member.clone()]);
+    std::fs::write(&resume, "").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while TestNode::elements(&table).as_ref() != Some(&all) {
+        assert!(std::time::Instant::now() < deadline, "the table is not back within 1 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Then continuously, through three more losses: the pool member probes from its namespace (a thread of this test
     // that enters it), the sandbox with a script of its own.
     let stop = Arc::new(AtomicBool::new(false));
     let member_probe = {
         let (stop, targets) = (stop.clone(), targets.clone());
-        let ns = std::fs::File::open(format!("/proc/{member_pid}/ns/net")).unwrap();
+        let ns = member_ns;
         std::thread::spawn(move || {
             nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             probe_loop(&targets, &stop)
@@ -783,7 +857,7 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
                  \tchain input {{ type filter hook input priority filter; policy accept; }}\n}}\n"
             );
             let steps: [(&str, Vec<&str>, Option<&str>); 3] = [
-                ("delete", vec!["delete", "table", "inet", &table], None),
+                ("delete again", vec!["delete", "table", "inet", &table], None),
                 ("flush", vec!["flush", "ruleset"], None),
                 ("replace", vec!["-f", "-"], Some(&permissive)),
             ];
@@ -830,11 +904,11 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     assert_eq!(h["egress"], "enforced", "{h}");
     let (_, _, m) = d.call("GET", "/metrics", None, None).await;
     let m = String::from_utf8_lossy(&m);
-    assert!(m.contains("sandboxd_network_egress_rebuilds 3"), "{m}");
+    assert!(m.contains("sandboxd_network_egress_rebuilds 4"), "{m}");
     let log = d.log.lock().unwrap().join("\n");
     assert!(log.contains("the egress table was deleted by another process"), "{log}");
     assert!(log.contains("the egress table was replaced by another process"), "{log}");
-    assert_eq!(log.matches("egress table rebuilt").count(), 3, "{log}");
+    assert_eq!(log.matches("egress table rebuilt").count(), 4, "{log}");
     net.seen.lock().unwrap().clear();
     assert_reaches(&d, &net, "fa", PUBLIC, 80).await;
     // The pool member is handed out again once the table is in force.

@@ -326,6 +326,7 @@ pub fn spawn(
                     continue;
                 }
                 guard.set(Health::Rebuilding);
+                sandbox_abi::failpoint::hit(sandbox_abi::failpoint::Point::NetBeforeRebuild);
                 let t0 = Instant::now();
                 match rebuild() {
                     Ok(n) => {
