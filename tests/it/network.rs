@@ -920,3 +920,122 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     assert_dropped(&d, Some(&net), "fc", PRIVATE, 80).await;
     drop(d);
 }
+
+/// #32 §2: a deleted sandbox's conntrack entries (a UDP and a TCP flow)
+/// are deleted before its address is handed out again, so the next tenant
+/// of the address does not receive the old flow's traffic: a datagram sent
+/// back along the old UDP flow does not arrive, while a reply on its own
+/// new flow does. The pool has two slots, so the address comes back at
+/// once despite the least-recently-used rotation.
+#[tokio::test]
+async fn a_reused_address_receives_nothing_of_its_last_tenant() {
+    if !privileged("a_reused_address_receives_nothing_of_its_last_tenant") {
+        return;
+    }
+    use sandboxd::backend::native::net::ct;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dirs = NativeDirs::new();
+    let net = TestInternet::new(&[(PUBLIC, 80)]);
+    // Two slots: the first /30 of this test's pool.
+    let subnet = dirs.net_subnet.replace("/25", "/30");
+    let d = Daemon::start_native(
+        &dirs,
+        &[ALLOW_PUBLIC, ("SANDBOXD_NETWORK_SUBNET", subnet.as_str())],
+    );
+    // UDP servers of the internet: 9999 records, 9998 answers "control".
+    let (old_peer, control) = TestInternet::inside(|| {
+        let a = std::net::UdpSocket::bind((PUBLIC, 9999)).unwrap();
+        let b = std::net::UdpSocket::bind((PUBLIC, 9998)).unwrap();
+        a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        b.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        (a, b)
+    });
+    let control_server = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        if let Ok((_, from)) = control.recv_from(&mut buf) {
+            control.send_to(b"control", from).unwrap();
+        }
+    });
+    let (s, a) = d
+        .create(json!({"sandbox_id":"ca","thread_id":"t","uid":"u1"}))
+        .await;
+    assert_eq!(s, 200, "{a}");
+    let (s, _) = d
+        .create(json!({"sandbox_id":"cb","thread_id":"t","uid":"u2","inherit_env":false}))
+        .await;
+    assert_eq!(s, 200);
+    let addr: std::net::Ipv4Addr = a["network"]["address"].as_str().unwrap().parse().unwrap();
+    // A UDP flow from port 40000 and a TCP flow from port 40001.
+    let (out, code) = d
+        .exec(
+            "ca",
+            &format!(
+                "python3 -c \"import socket\n\
+                 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 40000)); u.sendto(b'hi', ('{PUBLIC}', 9999))\n\
+                 t = socket.socket(); t.bind(('0.0.0.0', 40001)); t.connect(('{PUBLIC}', 80)); t.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(t.recv(100))\""
+            ),
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let mut buf = [0u8; 64];
+    let (n, nat) = old_peer.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"hi");
+    assert!(ct::count_address(addr).unwrap() >= 2);
+
+    let (s, _) = d.json("DELETE", "/api/sandboxes/ca", None).await;
+    assert_eq!(s, 200);
+    // Its slot comes back once the removal (conntrack included) is over.
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        let (s, c) = d
+            .create(json!({"sandbox_id":"cc","thread_id":"t","uid":"u1"}))
+            .await;
+        if s == 200 {
+            break c;
+        }
+        assert!(std::time::Instant::now() < end, "{c}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(c["network"]["address"], addr.to_string(), "{c}");
+
+    // The new tenant binds port 40000; the internet sends along the old
+    // flow, then the tenant opens its own and gets the answer.
+    let ws = dirs.workspace("u1");
+    let _ = std::fs::remove_file(ws.join("bound"));
+    let _ = std::fs::remove_file(ws.join("go"));
+    let sender = {
+        let ws = ws.clone();
+        std::thread::spawn(move || {
+            let end = std::time::Instant::now() + Duration::from_secs(30);
+            while !ws.join("bound").exists() {
+                assert!(std::time::Instant::now() < end);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            old_peer.send_to(b"stale", nat).unwrap();
+            std::fs::write(ws.join("go"), "").unwrap();
+        })
+    };
+    let (out, code) = d
+        .exec(
+            "cc",
+            &format!(
+                "python3 -c \"import socket, os, time\n\
+                 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 40000)); u.settimeout(10)\n\
+                 open('/home/gem/user-data/bound', 'w').close()\n\
+                 end = time.time() + 20\n\
+                 while not os.path.exists('/home/gem/user-data/go') and time.time() < end: time.sleep(0.01)\n\
+                 u.sendto(b'x', ('{PUBLIC}', 9998))\n\
+                 got = []\n\
+                 while b'control' not in got:\n\
+                 \x20   got.append(u.recvfrom(100)[0])\n\
+                 print(got)\""
+            ),
+        )
+        .await;
+    sender.join().unwrap();
+    control_server.join().unwrap();
+    assert_eq!((out.trim(), code), ("[b'control']", 0), "{out}");
+    // Of the old flows (UDP and TCP) nothing is left: only the new one.
+    assert_eq!(ct::count_address(addr).unwrap(), 1);
+    drop(net);
+}

@@ -188,15 +188,8 @@ fn receive(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize, NfnlError> {
 /// error.
 pub fn delete_address(addr: Ipv4Addr) -> Result<usize, NfnlError> {
     let fd = open()?;
-    send(&fd, &dump_request(1))?;
     let mut buf = vec![0u8; 64 * 1024];
-    let mut found = Vec::new();
-    loop {
-        let n = receive(&fd, &mut buf)?;
-        if matching(&buf[..n], addr, &mut found)? {
-            break;
-        }
-    }
+    let found = find(&fd, &mut buf, addr)?;
     let mut deleted = 0;
     for (i, e) in found.iter().enumerate() {
         let seq = 2 + i as u32;
@@ -215,6 +208,26 @@ pub fn delete_address(addr: Ipv4Addr) -> Result<usize, NfnlError> {
         }
     }
     Ok(deleted)
+}
+
+/// The entries naming `addr` (one dump).
+fn find(fd: &OwnedFd, buf: &mut [u8], addr: Ipv4Addr) -> Result<Vec<Entry>, NfnlError> {
+    send(fd, &dump_request(1))?;
+    let mut found = Vec::new();
+    loop {
+        let n = receive(fd, buf)?;
+        if matching(&buf[..n], addr, &mut found)? {
+            return Ok(found);
+        }
+    }
+}
+
+/// How many IPv4 conntrack entries (of the calling thread's network
+/// namespace) name `addr` in either direction.
+pub fn count_address(addr: Ipv4Addr) -> Result<usize, NfnlError> {
+    let fd = open()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    Ok(find(&fd, &mut buf, addr)?.len())
 }
 
 /// The errno of the answer to `seq` in `buf`, if there is one.
