@@ -657,6 +657,10 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
         Some(NODE),
         &[(PUBLIC, 80), (PRIVATE, 80), (METADATA, 80)],
     );
+    // A public network on one of the node's interfaces (192.88.99.0/24 is
+    // in no built-in range): denied because it is the node's own.
+    ip(&["-n", NODE, "addr", "add", "192.88.99.1/24", "dev", HOST_IF]);
+    ip(&["-n", NS, "addr", "add", "192.88.99.2/24", "dev", NS_IF]);
     let resolv = dirs.root.path().join("host-resolv.conf");
     std::fs::write(&resolv, format!("nameserver {RESOLVER}\n")).unwrap();
     let resume = dirs.root.path().join("resume-rebuild");
@@ -705,6 +709,9 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     assert_reaches(&d, &net, "fa", PUBLIC, 80).await;
     let (_, h) = d.json("GET", "/health", None).await;
     assert_eq!(h["egress"], "enforced", "{h}");
+    // The node's connected networks are denied by default (nothing
+    // listens there: a refusal would prove the packet arrived).
+    assert_dropped(&d, None, "fa", "192.88.99.2", 80).await;
 
     // The sandbox is root in its user namespace, without CAP_NET_ADMIN
     // over its network namespace: it can neither read nor delete the table.
@@ -769,6 +776,7 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     assert_dropped(&d, None, "fa", API_NODE, api_port).await;
     assert_dropped(&d, None, "fa", &gateway, api_port).await;
     assert_dropped(&d, None, "fa", &b_addr, 8080).await;
+    assert_dropped(&d, None, "fa", "192.88.99.2", 80).await;
     let reached = {
         let (ns, t) = (member_ns.try_clone().unwrap(), targets.clone());
         std::thread::spawn(move || {
