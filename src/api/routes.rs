@@ -346,9 +346,19 @@ async fn route(
             .body(full(super::openapi::provisioner_json()))
             .expect("static response parts are valid")),
         (Route::Metrics, &Method::GET) => {
+            // Per-sandbox series (their ids) only for a caller with the
+            // token: /metrics itself needs none.
+            let authorized = state.token.check(
+                req.headers()
+                    .get(header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            );
             // Reading the nft counters runs the nft binary: off the runtime.
             let b = lc.backend().clone();
-            if let Ok(Some(nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await {
+            if let Ok(Some(mut nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await {
+                if !authorized {
+                    nm.bytes.clear();
+                }
                 lc.metrics().set_network(&nm);
             }
             if let Some((_, rebuilds)) = lc.backend().egress() {

@@ -913,6 +913,8 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     let (_, _, m) = d.call("GET", "/metrics", None, None).await;
     let m = String::from_utf8_lossy(&m);
     assert!(m.contains("sandboxd_network_egress_rebuilds 4"), "{m}");
+    // Without the token: no per-sandbox series (no sandbox ids).
+    assert!(!m.contains("sandbox_id="), "{m}");
     let log = d.log.lock().unwrap().join("\n");
     assert!(log.contains("the egress table was deleted by another process"), "{log}");
     assert!(log.contains("the egress table was replaced by another process"), "{log}");
