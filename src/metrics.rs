@@ -290,7 +290,8 @@ impl Metrics {
     }
 
     pub fn set_egress_rebuilds(&self, n: u64) {
-        self.egress_rebuilds.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.egress_rebuilds
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Renders the text exposition format, after setting the per-status

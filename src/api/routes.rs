@@ -355,7 +355,8 @@ async fn route(
             );
             // Reading the nft counters runs the nft binary: off the runtime.
             let b = lc.backend().clone();
-            if let Ok(Some(mut nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await {
+            if let Ok(Some(mut nm)) = tokio::task::spawn_blocking(move || b.network_metrics()).await
+            {
                 if !authorized {
                     nm.bytes.clear();
                 }

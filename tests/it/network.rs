@@ -275,7 +275,10 @@ async fn egress_reaches_the_internet_and_nothing_private() {
             ("SANDBOXD_ALLOW_NON_LOOPBACK", "true"),
             // TEST-NET-2 stands for the internet here: it is in the
             // built-in deny list (RFC 6890), so opened.
-            ("SANDBOXD_NETWORK_ALLOW", "10.213.7.2/32:3306,198.51.100.0/24"),
+            (
+                "SANDBOXD_NETWORK_ALLOW",
+                "10.213.7.2/32:3306,198.51.100.0/24",
+            ),
             ("SANDBOXD_NETWORK_RESOLV_CONF", resolv.to_str().unwrap()),
         ],
         &format!("{HOST_SIDE}:0"),
@@ -546,7 +549,15 @@ impl TestNode {
         ip(&["link", "set", API_N, "netns", NODE]);
         ip(&["addr", "add", &format!("{API_ROOT}/30"), "dev", API_R]);
         ip(&["link", "set", API_R, "up"]);
-        ip(&["-n", NODE, "addr", "add", &format!("{API_NODE}/30"), "dev", API_N]);
+        ip(&[
+            "-n",
+            NODE,
+            "addr",
+            "add",
+            &format!("{API_NODE}/30"),
+            "dev",
+            API_N,
+        ]);
         ip(&["-n", NODE, "link", "set", API_N, "up"]);
         TestNode
     }
@@ -559,7 +570,9 @@ impl TestNode {
     /// Runs `nft args…` (script on stdin, if any) in the node.
     fn nft(args: &[&str], stdin: Option<&str>) -> std::process::Output {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{NODE}")).arg("nft").args(args);
+        c.arg(format!("--net=/run/netns/{NODE}"))
+            .arg("nft")
+            .args(args);
         c.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
@@ -653,10 +666,7 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     let _one = ONE_AT_A_TIME.lock().await;
     let dirs = NativeDirs::new();
     let _node = TestNode::new();
-    let net = TestInternet::new_in(
-        Some(NODE),
-        &[(PUBLIC, 80), (PRIVATE, 80), (METADATA, 80)],
-    );
+    let net = TestInternet::new_in(Some(NODE), &[(PUBLIC, 80), (PRIVATE, 80), (METADATA, 80)]);
     // A public network on one of the node's interfaces (192.88.99.0/24 is
     // in no built-in range): denied because it is the node's own.
     ip(&["-n", NODE, "addr", "add", "192.88.99.1/24", "dev", HOST_IF]);
@@ -786,17 +796,26 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
         .join()
         .unwrap()
     };
-    assert!(reached.is_empty(), "the pool member got through: {reached:?}");
+    assert!(
+        reached.is_empty(),
+        "the pool member got through: {reached:?}"
+    );
     let (s, v) = d
         .create(json!({"sandbox_id":"fw","thread_id":"t","uid":"u3","inherit_env":false}))
         .await;
     assert_eq!(s, 503, "{v}");
-    assert!(v.to_string().contains("egress policy is not in force"), "{v}");
+    assert!(
+        v.to_string().contains("egress policy is not in force"),
+        "{v}"
+    );
     assert_eq!(members(&d), vec![member.clone()]);
     std::fs::write(&resume, "").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
     while TestNode::elements(&table).as_ref() != Some(&all) {
-        assert!(std::time::Instant::now() < deadline, "the table is not back within 1 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the table is not back within 1 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
@@ -865,7 +884,11 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
                  \tchain input {{ type filter hook input priority filter; policy accept; }}\n}}\n"
             );
             let steps: [(&str, Vec<&str>, Option<&str>); 3] = [
-                ("delete again", vec!["delete", "table", "inet", &table], None),
+                (
+                    "delete again",
+                    vec!["delete", "table", "inet", &table],
+                    None,
+                ),
                 ("flush", vec!["flush", "ruleset"], None),
                 ("replace", vec!["-f", "-"], Some(&permissive)),
             ];
@@ -901,7 +924,10 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
         .unwrap();
     assert!(rounds > 0 && member_rounds > 0, "{out} {member_rounds}");
-    assert!(member_reached.is_empty(), "the pool member got through: {member_reached:?}");
+    assert!(
+        member_reached.is_empty(),
+        "the pool member got through: {member_reached:?}"
+    );
     assert!(!net.seen(&format!("{PRIVATE}:80")) && !net.seen(&format!("{METADATA}:80")));
     let mut buf = [0u8; 16];
     assert!(udp.recv(&mut buf).is_err(), "a datagram reached {PRIVATE}");
@@ -916,8 +942,14 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     // Without the token: no per-sandbox series (no sandbox ids).
     assert!(!m.contains("sandbox_id="), "{m}");
     let log = d.log.lock().unwrap().join("\n");
-    assert!(log.contains("the egress table was deleted by another process"), "{log}");
-    assert!(log.contains("the egress table was replaced by another process"), "{log}");
+    assert!(
+        log.contains("the egress table was deleted by another process"),
+        "{log}"
+    );
+    assert!(
+        log.contains("the egress table was replaced by another process"),
+        "{log}"
+    );
     assert_eq!(log.matches("egress table rebuilt").count(), 4, "{log}");
     net.seen.lock().unwrap().clear();
     assert_reaches(&d, &net, "fa", PUBLIC, 80).await;

@@ -151,7 +151,9 @@ impl From<NativeError> for BackendError {
             NativeError::Launch(LaunchError::Timeout(t)) => BackendError::HealthTimeout(t),
             NativeError::OtherGeneration { .. } => BackendError::Conflict(e.to_string()),
             NativeError::ImageUnavailable(m) => BackendError::Unavailable(m),
-            NativeError::Network(NetError::Unavailable(_)) => BackendError::Unavailable(e.to_string()),
+            NativeError::Network(NetError::Unavailable(_)) => {
+                BackendError::Unavailable(e.to_string())
+            }
             NativeError::NotRunning { .. } | NativeError::Dial { .. } => {
                 BackendError::Unreachable(e.to_string())
             }

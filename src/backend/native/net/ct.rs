@@ -131,7 +131,12 @@ pub fn matching(buf: &[u8], addr: Ipv4Addr, out: &mut Vec<Entry>) -> Result<bool
         match kind {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
-                let e = i32::from_ne_bytes(m.get(16..20).ok_or(NfnlError::Protocol)?.try_into().unwrap());
+                let e = i32::from_ne_bytes(
+                    m.get(16..20)
+                        .ok_or(NfnlError::Protocol)?
+                        .try_into()
+                        .unwrap(),
+                );
                 if e != 0 {
                     return Err(NfnlError::Kernel(std::io::Error::from_raw_os_error(-e)));
                 }
@@ -166,9 +171,14 @@ fn open() -> Result<OwnedFd, NfnlError> {
 }
 
 fn send(fd: &OwnedFd, msg: &[u8]) -> Result<(), NfnlError> {
-    sendto(fd.as_raw_fd(), msg, &NetlinkAddr::new(0, 0), MsgFlags::empty())
-        .map(drop)
-        .map_err(NfnlError::Socket)
+    sendto(
+        fd.as_raw_fd(),
+        msg,
+        &NetlinkAddr::new(0, 0),
+        MsgFlags::empty(),
+    )
+    .map(drop)
+    .map_err(NfnlError::Socket)
 }
 
 fn receive(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize, NfnlError> {
@@ -293,7 +303,10 @@ mod tests {
         assert_eq!(u16::from_ne_bytes([d[4], d[5]]), (1 << 8) | 2);
         assert_eq!(u16::from_ne_bytes([d[6], d[7]]), NLM_F_REQUEST | NLM_F_ACK);
         assert_eq!(d[16], AF_INET);
-        assert_eq!(u16::from_ne_bytes([d[22], d[23]]), CTA_TUPLE_ORIG | NLA_F_NESTED);
+        assert_eq!(
+            u16::from_ne_bytes([d[22], d[23]]),
+            CTA_TUPLE_ORIG | NLA_F_NESTED
+        );
         assert_eq!(&d[24..], &out_flow[..]);
         // The end of the dump.
         let mut done = Vec::new();

@@ -229,7 +229,11 @@ pub fn scan(
             let t = std::mem::take(cur);
             if t.changed && !is_own(pid) {
                 let process = attr(attrs, NFTA_GEN_PROC_NAME)
-                    .map(|a| String::from_utf8_lossy(a).trim_end_matches('\0').to_string())
+                    .map(|a| {
+                        String::from_utf8_lossy(a)
+                            .trim_end_matches('\0')
+                            .to_string()
+                    })
                     .unwrap_or_default();
                 out.push(Foreign {
                     deleted: t.deleted,
@@ -384,7 +388,11 @@ mod tests {
         msg(
             NFT_MSG_NEWGEN,
             0,
-            &[(1, &7u32.to_be_bytes()), (NFTA_GEN_PROC_PID, &pid.to_be_bytes()), (NFTA_GEN_PROC_NAME, b"nft\0")],
+            &[
+                (1, &7u32.to_be_bytes()),
+                (NFTA_GEN_PROC_PID, &pid.to_be_bytes()),
+                (NFTA_GEN_PROC_NAME, b"nft\0"),
+            ],
         )
     }
 

@@ -338,9 +338,10 @@ impl Network {
 
     /// Whether the host's egress table is in force (always, in mode none).
     pub fn egress_enforced(&self) -> bool {
-        self.egress
-            .as_ref()
-            .is_none_or(|e| e.guard.health() == Health::Enforced)
+        match &self.egress {
+            Some(e) => e.guard.health() == Health::Enforced,
+            None => true,
+        }
     }
 
     /// The egress table's state (`/health`) and how many times it was
