@@ -142,16 +142,18 @@ impl Policy {
         s += "\tchain from_sandbox {\n";
         s += "\t\tiifname . ip saddr != @sandboxes counter name \"spoofed\" drop\n";
         s += "\t\tmeta nfproto ipv6 counter name \"ipv6\" drop\n";
+        // The cap counts every new connection, holes and DNS included (it
+        // only drops, so it may come first).
+        s += &format!(
+            "\t\tct state new add @conns {{ iifname ct count over {} }} counter name \"conn_limit\" drop\n",
+            self.max_connections
+        );
         // Stateless: every packet meets the holes and the deny list, so a
         // flow admitted under an older policy (or by an older table) is
         // not carried past this one by an `established` accept.
         s += &self.holes("\t\t", "accept");
         s += "\t\tip daddr @deny4 counter name \"denied\" drop\n";
         s += "\t\tip6 daddr @deny6 counter name \"denied\" drop\n";
-        s += &format!(
-            "\t\tct state new add @conns {{ iifname ct count over {} }} counter name \"conn_limit\" drop\n",
-            self.max_connections
-        );
         s += "\t\taccept\n\t}\n";
         // Traffic to the host itself (any of its addresses).
         s += "\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n";
@@ -380,6 +382,9 @@ mod tests {
         // Stateless: no `established` accept before the deny list.
         let chain = s.find("chain from_sandbox").unwrap();
         assert!(!s[chain..deny].contains("established"), "{s}");
+        // The connection cap before any accept.
+        let cap = s.find("ct count over").unwrap();
+        assert!(chain < cap && cap < hole, "{s}");
         let inner = p.render_sandbox_side();
         let lo = inner.find("oifname \"lo\" accept").unwrap();
         let hole = inner.find("ip daddr 10.1.2.3/32 meta l4proto").unwrap();
