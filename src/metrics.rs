@@ -71,6 +71,8 @@ pub struct Metrics {
     pub net_dropped: Family<ReasonLabel, Gauge>,
     /// Bytes through each sandbox's veth.
     pub net_bytes: Family<TrafficLabel, Gauge>,
+    /// Rebuilds of the egress table after it was removed or changed.
+    pub egress_rebuilds: Gauge,
     /// Image pulls by result (`ok`, `failed`), their bytes and seconds,
     /// and verification failures by kind.
     pub image_pulls: Family<ResultLabel, Gauge>,
@@ -155,6 +157,12 @@ impl Metrics {
             "Bytes through a sandbox's veth, by direction (seen from the sandbox)",
             net_bytes.clone(),
         );
+        let egress_rebuilds = Gauge::default();
+        registry.register(
+            "network_egress_rebuilds",
+            "Rebuilds of the egress table after something else removed or changed it (a firewall reload, say)",
+            egress_rebuilds.clone(),
+        );
         let image_pulls = Family::<ResultLabel, Gauge>::default();
         let image_pull_bytes = Gauge::default();
         let image_pull_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
@@ -210,6 +218,7 @@ impl Metrics {
             errors,
             net_dropped,
             net_bytes,
+            egress_rebuilds,
             render_lock: Mutex::new(()),
         }
     }
@@ -278,6 +287,11 @@ impl Metrics {
                     .set(i64::try_from(*n).unwrap_or(i64::MAX));
             }
         }
+    }
+
+    pub fn set_egress_rebuilds(&self, n: u64) {
+        self.egress_rebuilds
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Renders the text exposition format, after setting the per-status

@@ -105,6 +105,14 @@ pub struct HealthResponse {
     #[schema(example = "ok")]
     pub status: String,
     pub tracked_sandboxes: usize,
+    /// The node's egress policy (native backend, network mode `egress`):
+    /// `enforced`; `rebuilding` (its nftables table was removed or changed,
+    /// by a firewall reload say, and is being restored: creates that need
+    /// egress wait, then 503); `failed` (it cannot be restored: such creates
+    /// answer 503). Sandboxes stay closed in every state. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "enforced")]
+    pub egress: Option<String>,
 }
 
 /// The route stubs: documentation only (the router is `routes::route`).

@@ -289,6 +289,7 @@ async fn route(
                 idle_timeout_seconds: lc.settings().idle_timeout.map(|d| d.as_secs()).unwrap_or(0),
                 idle_check_interval_seconds: lc.settings().idle_check_interval.as_secs(),
                 tracked_sandboxes: lc.tracked_count(),
+                egress: lc.backend().egress().map(|(s, _)| s.to_string()),
             },
         )),
         (Route::OpenApi, &Method::GET) => Ok(Response::builder()
@@ -297,10 +298,20 @@ async fn route(
             .body(full(super::openapi::provisioner_json()))
             .expect("static response parts are valid")),
         (Route::Metrics, &Method::GET) => {
+            // Per-sandbox series (their ids) only for a caller with the
+            // token: /metrics itself needs none.
+            let authorized = state.token.check(
+                req.headers()
+                    .get(header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            );
             // Reading the nft counters runs the nft binary: off the runtime.
             let b = lc.backend().clone();
-            if let Ok(m) = tokio::task::spawn_blocking(move || b.metrics()).await {
-                if let Some(nm) = &m.network {
+            if let Ok(mut m) = tokio::task::spawn_blocking(move || b.metrics()).await {
+                if let Some(nm) = &mut m.network {
+                    if !authorized {
+                        nm.bytes.clear();
+                    }
                     lc.metrics().set_network(nm);
                 }
                 if let Some(s) = &m.pool {
@@ -309,6 +320,9 @@ async fn route(
                 if let Some(s) = &m.images {
                     lc.metrics().set_images(s);
                 }
+            }
+            if let Some((_, rebuilds)) = lc.backend().egress() {
+                lc.metrics().set_egress_rebuilds(rebuilds);
             }
             let counts = crate::lifecycle::Lifecycle::status_counts(&lc.list().await);
             let text = lc.metrics().render(&counts);

@@ -215,4 +215,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Waits until the background cleanups of deleted sandboxes (if the
     /// backend defers any) are over: daemon shutdown, after the deletes.
     async fn settle(&self) {}
+
+    /// The state of the node's egress policy (`enforced`, `rebuilding`,
+    /// `failed`) and how many times it was rebuilt after a loss, when the
+    /// backend enforces one (see `docs/network.md`): `/health` asks it, so
+    /// it reads memory only.
+    fn egress(&self) -> Option<(&'static str, u64)> {
+        None
+    }
 }

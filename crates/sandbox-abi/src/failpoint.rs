@@ -84,11 +84,14 @@ pub enum Point {
     /// Image pull or import: every layer unpacked into `tmp/`, nothing
     /// renamed into place yet.
     ImageBeforeCommit,
+    /// The egress guard noticed its table removed or changed, before it
+    /// rebuilds it (with the pause variable: holds the table missing).
+    NetBeforeRebuild,
 }
 
 impl Point {
     /// Every point, for tests that walk them all.
-    pub const ALL: [Point; 15] = [
+    pub const ALL: [Point; 16] = [
         Point::CreateAfterState,
         Point::CreateAfterCgroup,
         Point::CreateAfterBundle,
@@ -104,6 +107,7 @@ impl Point {
         Point::InitStallBeforePid,
         Point::ImageAfterBlob,
         Point::ImageBeforeCommit,
+        Point::NetBeforeRebuild,
     ];
 
     /// The name [`ENV`] holds to arm this point.
@@ -124,6 +128,7 @@ impl Point {
             Point::InitStallBeforePid => "init:stall_before_pid",
             Point::ImageAfterBlob => "image:after_blob",
             Point::ImageBeforeCommit => "image:before_commit",
+            Point::NetBeforeRebuild => "net:before_rebuild",
         }
     }
 

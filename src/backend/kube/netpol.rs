@@ -36,8 +36,17 @@ pub const DENY_V4: [&str; 9] = [
     "224.0.0.0/4",
     "240.0.0.0/4",
 ];
-/// The IPv6 equivalents: unique local, link-local, loopback, multicast.
-pub const DENY_V6: [&str; 4] = ["fc00::/7", "fe80::/10", "::1/128", "ff00::/8"];
+/// The IPv6 equivalents: unique local, link-local, loopback, multicast,
+/// and the NAT64 prefixes (RFC 6052, RFC 8215), through which a cluster
+/// with a NAT64 gateway reaches IPv4 addresses, the private ones included.
+pub const DENY_V6: [&str; 6] = [
+    "fc00::/7",
+    "fe80::/10",
+    "::1/128",
+    "ff00::/8",
+    "64:ff9b::/96",
+    "64:ff9b:1::/48",
+];
 
 /// An IP network in CIDR notation, host bits clear.
 #[derive(Debug, Clone, PartialEq, Eq)]

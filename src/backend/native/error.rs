@@ -151,6 +151,7 @@ impl From<NativeError> for BackendError {
             NativeError::Launch(LaunchError::Timeout(t)) => BackendError::HealthTimeout(t),
             NativeError::OtherGeneration { .. } => BackendError::Conflict(e.into()),
             NativeError::ImageUnavailable(m) => BackendError::Unavailable(m.into()),
+            NativeError::Network(NetError::Unavailable(_)) => BackendError::Unavailable(e.into()),
             NativeError::NotRunning { .. } | NativeError::Dial { .. } => {
                 BackendError::Unreachable(e.into())
             }

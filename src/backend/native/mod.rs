@@ -472,6 +472,10 @@ impl Backend for NativeBackend {
         }
     }
 
+    fn egress(&self) -> Option<(&'static str, u64)> {
+        self.net.egress_health().map(|(h, n)| (h.as_str(), n))
+    }
+
     async fn create(
         &self,
         spec: &SandboxSpec,

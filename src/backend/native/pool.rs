@@ -538,6 +538,12 @@ impl NativeBackend {
             let (b, s) = (self.clone(), spec.clone());
             blocking(move || b.prepare_user_paths(&s)).await?;
         }
+        if mode == crate::config::NetworkMode::Egress && !self.net.egress_enforced() {
+            // Its egress table is being rebuilt: a member is not handed
+            // out; the cold create waits for the table (or answers 503).
+            info!("pool: the egress table is not in force; starting the sandbox cold");
+            return Ok(None);
+        }
         let Some(m) = self.pool.take(mode, digest.as_deref()) else {
             info!("pool: no member ready; starting the sandbox cold");
             self.pool.empty.fetch_add(1, Ordering::Relaxed);

@@ -109,18 +109,29 @@ pub struct Slot(pub u32);
 pub struct Pool {
     subnet: Cidr,
     held: HashMap<String, Slot>,
-    /// Slots of deleted sandboxes whose veth and set element are still
-    /// being removed (in the background): not handed out until then.
+    /// Slots of deleted sandboxes whose veth, set element and conntrack
+    /// entries are still being removed (in the background): not handed out
+    /// until then.
     retiring: std::collections::HashSet<u32>,
+    /// The free slots, least recently used first: a deleted sandbox's
+    /// address comes back as late as possible (never-used slots first, in
+    /// order), so whatever still addresses it (a peer's retries, a flow the
+    /// conntrack flush could not see) finds no one for as long as the pool
+    /// allows. Slots held or retiring may be in it (claimed at adoption):
+    /// they are skipped when met.
+    free: std::collections::VecDeque<u32>,
 }
 
 impl Pool {
     pub fn new(subnet: Cidr) -> Pool {
-        Pool {
+        let mut p = Pool {
             subnet,
             held: HashMap::new(),
             retiring: Default::default(),
-        }
+            free: Default::default(),
+        };
+        p.free = (0..p.slots()).collect();
+        p
     }
 
     pub fn slots(&self) -> u32 {
@@ -137,12 +148,15 @@ impl Pool {
         Ipv4Addr::from(u32::from(self.subnet.addr) + 2 * slot.0 + 1)
     }
 
-    /// The lowest free slot, now held by `id`.
+    /// The least recently used free slot, now held by `id`.
     pub fn take(&mut self, id: &str) -> Option<Slot> {
         let used: std::collections::HashSet<u32> = self.held.values().map(|s| s.0).collect();
-        let slot = (0..self.slots())
-            .find(|n| !used.contains(n) && !self.retiring.contains(n))
-            .map(Slot)?;
+        let slot = loop {
+            let n = self.free.pop_front()?;
+            if !used.contains(&n) && !self.retiring.contains(&n) {
+                break Slot(n);
+            }
+        };
         self.held.insert(id.to_string(), slot);
         Some(slot)
     }
@@ -160,6 +174,8 @@ impl Pool {
         true
     }
 
+    /// `id` lets go of its slot without it becoming free (it changes
+    /// hands: see `Network::rename`).
     pub fn release(&mut self, id: &str) -> Option<Slot> {
         self.held.remove(id)
     }
@@ -174,7 +190,9 @@ impl Pool {
 
     /// The cleanup of a retiring slot is over: it may be handed out again.
     pub fn retired(&mut self, slot: Slot) {
-        self.retiring.remove(&slot.0);
+        if self.retiring.remove(&slot.0) {
+            self.free.push_back(slot.0);
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<Slot> {
@@ -219,7 +237,7 @@ mod tests {
         assert_eq!(p.host_addr(a), "10.243.0.0".parse::<Ipv4Addr>().unwrap());
         assert_eq!(p.sandbox_addr(b), "10.243.0.3".parse::<Ipv4Addr>().unwrap());
         p.release("a");
-        assert_eq!(p.take("c"), Some(a));
+        assert!(p.claim("c", a));
         assert!(!p.claim("d", b));
         // A retiring slot is handed out only once its cleanup is over.
         assert_eq!(p.retire("b"), Some(b));
@@ -227,5 +245,29 @@ mod tests {
         assert!(!p.claim("d", b));
         p.retired(b);
         assert_eq!(p.take("d"), Some(b));
+    }
+
+    #[test]
+    fn pool_hands_out_the_least_recently_used_slot() {
+        let mut p = Pool::new("10.243.0.0/29".parse().unwrap());
+        let a = p.take("a").unwrap();
+        let b = p.take("b").unwrap();
+        assert_eq!((a, b), (Slot(0), Slot(1)));
+        // a's slot is free again, but slots never used come first, then
+        // the ones freed longest ago.
+        p.retire("a");
+        p.retired(a);
+        assert_eq!(p.take("c"), Some(Slot(2)));
+        p.retire("b");
+        p.retired(b);
+        assert_eq!(p.take("d"), Some(Slot(3)));
+        assert_eq!(p.take("e"), Some(a));
+        assert_eq!(p.take("f"), Some(b));
+        assert!(p.take("g").is_none());
+        // A slot claimed at adoption is skipped when met in the free list.
+        let mut p = Pool::new("10.243.0.0/30".parse().unwrap());
+        assert!(p.claim("x", Slot(0)));
+        assert_eq!(p.take("y"), Some(Slot(1)));
+        assert!(p.take("z").is_none());
     }
 }

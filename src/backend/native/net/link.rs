@@ -39,6 +39,8 @@ pub enum LinkError {
 pub struct HostRoute {
     pub dst: Cidr,
     pub oif: Option<String>,
+    /// Through a gateway (not a network of the host's own interfaces).
+    pub via: bool,
 }
 
 /// What the sandbox side of one veth gets.
@@ -147,16 +149,21 @@ impl Netlink {
                     let len = m.header.destination_prefix_length;
                     let mut dst = Ipv4Addr::UNSPECIFIED;
                     let mut oif = None;
+                    let mut via = false;
                     for a in &m.attributes {
                         match a {
                             RouteAttribute::Destination(RouteAddress::Inet(a)) => dst = *a,
                             RouteAttribute::Oif(i) => oif = names.get(i).cloned(),
+                            RouteAttribute::Gateway(_)
+                            | RouteAttribute::MultiPath(_)
+                            | RouteAttribute::Via(_) => via = true,
                             _ => {}
                         }
                     }
                     out.push(HostRoute {
                         dst: Cidr::new(dst, len),
                         oif,
+                        via,
                     });
                 }
                 Ok(out)

@@ -20,12 +20,15 @@ use tracing::{info, warn};
 use crate::config::{NetworkConfig, NetworkMode};
 
 pub mod addr;
+pub mod ct;
 pub mod dns;
+pub mod guard;
 pub mod link;
 pub mod nfnl;
 pub mod nft;
 
 use addr::{Cidr, Hole, Pool, Slot};
+use guard::{Guard, Health};
 use link::{LinkError, Netlink, VethPlan};
 use nft::{Nft, NftError, Policy};
 
@@ -51,6 +54,12 @@ pub enum NetError {
     Exhausted(Cidr),
     #[error("network \"egress\" asked for, but this daemon's [network] mode is \"none\"")]
     EgressDisabled,
+    /// The host's egress table is missing and not (yet) rebuilt: HTTP 503.
+    #[error("the egress policy is not in force on this node ({0}); retry shortly")]
+    Unavailable(String),
+    /// The deny list inside the sandbox's own namespace.
+    #[error("cannot load the egress policy into the sandbox's network namespace: {0}")]
+    SandboxSide(NftError),
 }
 
 impl NetError {
@@ -74,6 +83,13 @@ pub struct NetState {
 
 struct Egress {
     policy: Policy,
+    /// The table loaded into every sandbox's own namespace (rendered once).
+    sandbox_side: String,
+    guard: Arc<Guard>,
+    /// Held while the host table is rebuilt and while an element is added
+    /// or removed, so that no element change falls between a rebuild's
+    /// rendering and its load.
+    table_lock: Arc<Mutex<()>>,
     nft: Nft,
     netlink: Netlink,
     /// A second netlink thread for the removals after deletes, so that a
@@ -93,6 +109,21 @@ pub struct Network {
 const SET: &str = "sandboxes";
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// How long a create that needs egress waits for a missing host table to be
+/// rebuilt before it fails with 503.
+const WAIT_ENFORCED: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The `sandboxes` set's elements of the slots `pool` holds.
+fn elements(pool: &Pool, prefix: &str) -> Vec<String> {
+    pool.held()
+        .map(|(_, s)| nft::element(&format!("{prefix}{}", s.0), pool.sandbox_addr(*s)))
+        .collect()
+}
+
+fn lock(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl Network {
     /// Loopback only for every sandbox.
@@ -150,7 +181,21 @@ impl Network {
             ));
         }
         let netlink = Netlink::start()?;
-        for r in netlink.routes()? {
+        let routes = netlink.routes()?;
+        // The networks of the host's own interfaces and its addresses (the
+        // routes without a gateway: connected, local, broadcast), except
+        // the sandboxes' veths (their subnet is denied anyway).
+        let mut host_nets: Vec<Cidr> = Vec::new();
+        for r in &routes {
+            let ours = r
+                .oif
+                .as_deref()
+                .is_some_and(|d| d.starts_with(&cfg.link_prefix));
+            if !r.via && r.dst.len > 0 && !ours && !host_nets.contains(&r.dst) {
+                host_nets.push(r.dst);
+            }
+        }
+        for r in routes {
             if r.dst.len == 0
                 || r.oif
                     .as_deref()
@@ -183,11 +228,17 @@ impl Network {
             deny,
             max_connections: cfg.max_connections,
             resolvers,
+            host_nets,
         };
+        let nets: Vec<String> = policy.host_nets.iter().map(|c| c.to_string()).collect();
+        info!(host_networks = %nets.join(", "), "the host's networks and addresses are denied to sandboxes (unless in [network] allow)");
         Ok(Network {
             mode: NetworkMode::Egress,
             egress: Some(Egress {
+                sandbox_side: policy.render_sandbox_side(),
                 policy,
+                guard: Arc::new(Guard::default()),
+                table_lock: Arc::new(Mutex::new(())),
                 nft: Nft::default(),
                 netlink,
                 remover: Netlink::start()?,
@@ -219,6 +270,15 @@ impl Network {
         let Some(e) = &self.egress else {
             return Ok(None);
         };
+        // The host's table must be in force (it is being rebuilt if a
+        // firewall reload just removed it): wait a little, else 503.
+        Self::enforced(e)?;
+        // The deny list inside the sandbox's own namespace, before it has
+        // a veth: its traffic stays closed even while the host's table is
+        // missing.
+        e.nft
+            .run_in(&e.sandbox_side, std::os::fd::AsFd::as_fd(netns))
+            .map_err(NetError::SandboxSide)?;
         let (slot, address, gateway) = {
             let mut pool = Self::pool(e);
             let slot = pool.take(id).ok_or(NetError::Exhausted(e.policy.subnet))?;
@@ -235,8 +295,20 @@ impl Network {
             })
             .map_err(NetError::from)
             .and_then(|()| {
-                nfnl::change_element(nfnl::Op::Add, &e.policy.table, SET, &link, address)
-                    .map_err(NetError::from)
+                let add = || {
+                    let _l = lock(&e.table_lock);
+                    nfnl::change_element(nfnl::Op::Add, &e.policy.table, SET, &link, address)
+                };
+                match add() {
+                    // The table went away since: the rebuild renders this
+                    // slot's element (it is held); add it again once the
+                    // table is back, in case the rebuild came before.
+                    Err(nfnl::NfnlError::Kernel(k)) if k.raw_os_error() == Some(libc::ENOENT) => {
+                        Self::enforced(e)?;
+                        add().map_err(NetError::from)
+                    }
+                    r => r.map_err(NetError::from),
+                }
             });
         // On an error the caller's cleanup (detach) finds the slot and
         // removes whatever was made.
@@ -247,6 +319,39 @@ impl Network {
             gateway,
             link,
         }))
+    }
+
+    /// Waits for the host's table to be in force (bounded).
+    fn enforced(e: &Egress) -> Result<(), NetError> {
+        match e.guard.wait_enforced(WAIT_ENFORCED) {
+            Health::Enforced => Ok(()),
+            Health::Rebuilding => Err(NetError::Unavailable(format!(
+                "the table inet {} is being rebuilt after it was removed or changed",
+                e.policy.table
+            ))),
+            Health::Failed(why) => Err(NetError::Unavailable(format!(
+                "the table inet {} is missing and cannot be rebuilt: {why}",
+                e.policy.table
+            ))),
+        }
+    }
+
+    /// Whether the host's egress table is in force (always, in mode none).
+    pub fn egress_enforced(&self) -> bool {
+        match &self.egress {
+            Some(e) => e.guard.health() == Health::Enforced,
+            None => true,
+        }
+    }
+
+    /// The egress table's state (`/health`) and how many times it was
+    /// rebuilt after a loss; None in mode none.
+    pub fn egress_health(&self) -> Option<(Health, u64)> {
+        let e = self.egress.as_ref()?;
+        Some((
+            e.guard.health(),
+            e.guard.rebuilds.load(std::sync::atomic::Ordering::Relaxed),
+        ))
     }
 
     /// The slot `from` holds is now `to`'s (a claimed pool member).
@@ -287,10 +392,12 @@ impl Network {
         };
         let link = format!("{}{}", e.policy.link_prefix, slot.0);
         let (table, pool, id) = (e.policy.table.clone(), e.pool.clone(), id.to_string());
-        let (l, a) = (link.clone(), address);
+        let (l, a, tl) = (link.clone(), address, e.table_lock.clone());
+        let id2 = id.clone();
         e.remover.delete_later(
             link,
             move || {
+                let _l = lock(&tl);
                 if let Err(err) = nfnl::change_element(nfnl::Op::Delete, &table, SET, &l, a) {
                     warn!(sandbox_id = %id, error = %err, "cannot remove the sandbox's set element");
                 }
@@ -298,6 +405,18 @@ impl Network {
             move |r| {
                 if let Err(err) = r {
                     warn!(error = %err, "cannot delete a sandbox's veth");
+                }
+                // Its flows must not reach the next sandbox on the address
+                // (the veth is gone: no new entry can be made for it).
+                match ct::delete_address(address) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(sandbox_id = %id2, entries = n, "deleted the sandbox's conntrack entries"),
+                    Err(err) => {
+                        // Keep the address out of the pool rather than
+                        // hand it out with live flows.
+                        warn!(sandbox_id = %id2, %address, error = %err, "cannot delete the sandbox's conntrack entries; its address is not reused until the daemon restarts");
+                        return;
+                    }
                 }
                 pool.lock().unwrap_or_else(|p| p.into_inner()).retired(slot);
             },
@@ -317,23 +436,38 @@ impl Network {
     /// with our prefix no adopted sandbox holds.
     pub fn finish_startup(&self) -> Result<(), NetError> {
         let Some(e) = &self.egress else { return Ok(()) };
-        let (elements, held): (Vec<String>, std::collections::HashSet<String>) = {
-            let pool = Self::pool(e);
-            let held: Vec<(String, Ipv4Addr)> = pool
-                .held()
-                .map(|(_, s)| {
-                    (
-                        format!("{}{}", e.policy.link_prefix, s.0),
-                        pool.sandbox_addr(*s),
-                    )
-                })
-                .collect();
-            (
-                held.iter().map(|(l, a)| nft::element(l, *a)).collect(),
-                held.into_iter().map(|(l, _)| l).collect(),
-            )
+        let held: std::collections::HashSet<String> = Self::pool(e)
+            .held()
+            .map(|(_, s)| format!("{}{}", e.policy.link_prefix, s.0))
+            .collect();
+        // Subscribed to nf_tables' events before the table is built, so
+        // that no removal after the build goes unseen.
+        let events = guard::subscribe().map_err(|err| {
+            NetError::Config(format!("cannot subscribe to nf_tables events: {err}"))
+        })?;
+        let rebuild = {
+            let (policy, nft, pool, tl, g) = (
+                e.policy.clone(),
+                e.nft.clone(),
+                e.pool.clone(),
+                e.table_lock.clone(),
+                e.guard.clone(),
+            );
+            move || -> Result<usize, String> {
+                let _l = lock(&tl);
+                let elements = elements(
+                    &pool.lock().unwrap_or_else(|p| p.into_inner()),
+                    &policy.link_prefix,
+                );
+                nft.run_recorded(&policy.render(&elements), |pid| g.own_pid(pid))
+                    .map_err(|err| err.to_string())?;
+                Ok(elements.len())
+            }
         };
-        e.nft.run(&e.policy.render(&elements))?;
+        rebuild().map_err(|err| NetError::Nft(NftError::Failed(err)))?;
+        e.guard.set(Health::Enforced);
+        guard::spawn(events, e.policy.table.clone(), e.guard.clone(), rebuild)
+            .map_err(|err| NetError::Config(format!("cannot start the egress guard: {err}")))?;
         let mut removed = Vec::new();
         for l in e.netlink.links_with_prefix(&e.policy.link_prefix)? {
             if !held.contains(&l) {

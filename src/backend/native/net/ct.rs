@@ -1,0 +1,321 @@
+//! Deleting every conntrack entry of one address over ctnetlink (the
+//! `conntrack -D -s ADDR` plus `conntrack -D -d ADDR` equivalent, both
+//! directions, every protocol), before a deleted sandbox's address goes
+//! back to the pool (#32 §2): an entry outliving the sandbox would deliver
+//! its flows (a UDP reply to port 40000, say) to the next sandbox on that
+//! address, and count against its connection limit.
+//!
+//! As `conntrack -D` does: one dump of the IPv4 table
+//! (`IPCTNL_MSG_CT_GET`, `NLM_F_DUMP`), the entries whose original or reply
+//! tuple names the address picked out here, then one `IPCTNL_MSG_CT_DELETE`
+//! per entry naming it by its original tuple (and zone), as the kernel
+//! reported it.
+
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::sys::socket::{
+    recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+};
+
+use super::nfnl::NfnlError;
+
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_NEW: u16 = 0;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_ZONE: u16 = 18;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const NLA_F_NESTED: u16 = 0x8000;
+
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const AF_INET: u8 = libc::AF_INET as u8;
+
+/// One netlink message of ctnetlink: header, `nfgenmsg` (IPv4), `attrs`.
+fn message(kind: u16, flags: u16, seq: u32, attrs: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(20 + attrs.len());
+    b.extend_from_slice(&((20 + attrs.len()) as u32).to_ne_bytes());
+    b.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | kind).to_ne_bytes());
+    b.extend_from_slice(&flags.to_ne_bytes());
+    b.extend_from_slice(&seq.to_ne_bytes());
+    b.extend_from_slice(&0u32.to_ne_bytes());
+    b.push(AF_INET);
+    b.push(0); // NFNETLINK_V0
+    b.extend_from_slice(&0u16.to_be_bytes());
+    b.extend_from_slice(attrs);
+    b
+}
+
+/// The dump request of the IPv4 conntrack table.
+pub fn dump_request(seq: u32) -> Vec<u8> {
+    message(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, &[])
+}
+
+/// The delete of the entry whose original tuple attribute (payload,
+/// nested) is `orig`, in zone `zone` (its raw attribute, when it had one).
+pub fn delete_request(orig: &[u8], zone: Option<&[u8]>, seq: u32) -> Vec<u8> {
+    let mut a = Vec::with_capacity(8 + orig.len());
+    push_attr(&mut a, CTA_TUPLE_ORIG | NLA_F_NESTED, orig);
+    if let Some(z) = zone {
+        push_attr(&mut a, CTA_ZONE, z);
+    }
+    message(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, &a)
+}
+
+fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
+    buf.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(payload);
+    buf.resize(buf.len().next_multiple_of(4), 0);
+}
+
+/// The attributes of `a`: (type without flags, payload).
+fn attrs(mut a: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if a.len() < 4 {
+            return None;
+        }
+        let len = u16::from_ne_bytes([a[0], a[1]]) as usize;
+        let kind = u16::from_ne_bytes([a[2], a[3]]) & 0x3fff;
+        if len < 4 || len > a.len() {
+            return None;
+        }
+        let p = &a[4..len];
+        a = &a[len.next_multiple_of(4).min(a.len())..];
+        Some((kind, p))
+    })
+}
+
+fn attr(a: &[u8], kind: u16) -> Option<&[u8]> {
+    attrs(a).find(|(k, _)| *k == kind).map(|(_, p)| p)
+}
+
+/// Whether tuple `t` (the payload of `CTA_TUPLE_*`) has `addr` as its
+/// source or destination.
+fn names(t: &[u8], addr: Ipv4Addr) -> bool {
+    let Some(ip) = attr(t, CTA_TUPLE_IP) else {
+        return false;
+    };
+    [CTA_IP_V4_SRC, CTA_IP_V4_DST]
+        .iter()
+        .any(|k| attr(ip, *k) == Some(&addr.octets()[..]))
+}
+
+/// An entry to delete: its original tuple and zone attributes' payloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub orig: Vec<u8>,
+    pub zone: Option<Vec<u8>>,
+}
+
+/// The entries in one buffer of dump answers that name `addr` in either
+/// tuple; `done` when the dump's end is in it.
+pub fn matching(buf: &[u8], addr: Ipv4Addr, out: &mut Vec<Entry>) -> Result<bool, NfnlError> {
+    let mut off = 0;
+    while off + 16 <= buf.len() {
+        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
+        if len < 16 || off + len > buf.len() {
+            return Err(NfnlError::Protocol);
+        }
+        let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap());
+        let m = &buf[off..off + len];
+        off += len.next_multiple_of(4);
+        match kind {
+            NLMSG_DONE => return Ok(true),
+            NLMSG_ERROR => {
+                let e = i32::from_ne_bytes(
+                    m.get(16..20)
+                        .ok_or(NfnlError::Protocol)?
+                        .try_into()
+                        .unwrap(),
+                );
+                if e != 0 {
+                    return Err(NfnlError::Kernel(std::io::Error::from_raw_os_error(-e)));
+                }
+            }
+            k if k == (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW && m.len() >= 20 => {
+                let a = &m[20..];
+                let orig = attr(a, CTA_TUPLE_ORIG);
+                let reply = attr(a, CTA_TUPLE_REPLY);
+                if orig.is_some_and(|t| names(t, addr)) || reply.is_some_and(|t| names(t, addr)) {
+                    if let Some(o) = orig {
+                        out.push(Entry {
+                            orig: o.to_vec(),
+                            zone: attr(a, CTA_ZONE).map(<[u8]>::to_vec),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(false)
+}
+
+fn open() -> Result<OwnedFd, NfnlError> {
+    socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map_err(NfnlError::Socket)
+}
+
+fn send(fd: &OwnedFd, msg: &[u8]) -> Result<(), NfnlError> {
+    sendto(
+        fd.as_raw_fd(),
+        msg,
+        &NetlinkAddr::new(0, 0),
+        MsgFlags::empty(),
+    )
+    .map(drop)
+    .map_err(NfnlError::Socket)
+}
+
+fn receive(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize, NfnlError> {
+    loop {
+        match recv(fd.as_raw_fd(), buf, MsgFlags::empty()) {
+            Ok(0) => return Err(NfnlError::Protocol),
+            Ok(n) => return Ok(n),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(NfnlError::Socket(e)),
+        }
+    }
+}
+
+/// Deletes every IPv4 conntrack entry (of the calling thread's network
+/// namespace) with `addr` as a source or destination of either direction;
+/// how many were deleted. An entry that went away meanwhile is not an
+/// error.
+pub fn delete_address(addr: Ipv4Addr) -> Result<usize, NfnlError> {
+    let fd = open()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let found = find(&fd, &mut buf, addr)?;
+    let mut deleted = 0;
+    for (i, e) in found.iter().enumerate() {
+        let seq = 2 + i as u32;
+        send(&fd, &delete_request(&e.orig, e.zone.as_deref(), seq))?;
+        loop {
+            let n = receive(&fd, &mut buf)?;
+            let Some(err) = ack(&buf[..n], seq) else {
+                continue;
+            };
+            match -err {
+                0 => deleted += 1,
+                libc::ENOENT => {}
+                e => return Err(NfnlError::Kernel(std::io::Error::from_raw_os_error(e))),
+            }
+            break;
+        }
+    }
+    Ok(deleted)
+}
+
+/// The entries naming `addr` (one dump).
+fn find(fd: &OwnedFd, buf: &mut [u8], addr: Ipv4Addr) -> Result<Vec<Entry>, NfnlError> {
+    send(fd, &dump_request(1))?;
+    let mut found = Vec::new();
+    loop {
+        let n = receive(fd, buf)?;
+        if matching(&buf[..n], addr, &mut found)? {
+            return Ok(found);
+        }
+    }
+}
+
+/// How many IPv4 conntrack entries (of the calling thread's network
+/// namespace) name `addr` in either direction.
+pub fn count_address(addr: Ipv4Addr) -> Result<usize, NfnlError> {
+    let fd = open()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    Ok(find(&fd, &mut buf, addr)?.len())
+}
+
+/// The errno of the answer to `seq` in `buf`, if there is one.
+fn ack(buf: &[u8], seq: u32) -> Option<i32> {
+    let mut off = 0;
+    while off + 20 <= buf.len() {
+        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().ok()?) as usize;
+        if len < 16 || off + len > buf.len() {
+            return None;
+        }
+        let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().ok()?);
+        let s = u32::from_ne_bytes(buf[off + 8..off + 12].try_into().ok()?);
+        if kind == NLMSG_ERROR && s == seq {
+            return Some(i32::from_ne_bytes(buf[off + 16..off + 20].try_into().ok()?));
+        }
+        off += len.next_multiple_of(4);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The original tuple of a UDP flow 10.243.0.1:40000 -> 198.51.100.10:53.
+    fn tuple(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+        let mut ip = Vec::new();
+        push_attr(&mut ip, CTA_IP_V4_SRC, &src);
+        push_attr(&mut ip, CTA_IP_V4_DST, &dst);
+        let mut proto = Vec::new();
+        push_attr(&mut proto, 1, &[17]);
+        push_attr(&mut proto, 2, &40000u16.to_be_bytes());
+        push_attr(&mut proto, 3, &53u16.to_be_bytes());
+        let mut t = Vec::new();
+        push_attr(&mut t, CTA_TUPLE_IP | NLA_F_NESTED, &ip);
+        push_attr(&mut t, 2 | NLA_F_NESTED, &proto);
+        t
+    }
+
+    fn entry(orig: &[u8], reply: &[u8]) -> Vec<u8> {
+        let mut a = Vec::new();
+        push_attr(&mut a, CTA_TUPLE_ORIG | NLA_F_NESTED, orig);
+        push_attr(&mut a, CTA_TUPLE_REPLY | NLA_F_NESTED, reply);
+        message(IPCTNL_MSG_CT_NEW, 0x2, 1, &a)
+    }
+
+    #[test]
+    fn picks_the_entries_of_the_address_in_either_tuple() {
+        let me = [10, 243, 0, 1];
+        let (other, remote, host) = ([10, 243, 0, 3], [198, 51, 100, 10], [203, 0, 113, 1]);
+        let out_flow = tuple(me, remote);
+        let mut buf = entry(&out_flow, &tuple(remote, host));
+        // Inbound to it (the reply tuple's destination).
+        buf.extend(entry(&tuple(remote, host), &tuple(host, me)));
+        // Someone else's.
+        buf.extend(entry(&tuple(other, remote), &tuple(remote, host)));
+        let mut found = Vec::new();
+        assert!(!matching(&buf, Ipv4Addr::from(me), &mut found).unwrap());
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].orig, out_flow);
+        // The delete names the entry by that tuple, nested, with an ack.
+        let d = delete_request(&found[0].orig, None, 9);
+        assert_eq!(u16::from_ne_bytes([d[4], d[5]]), (1 << 8) | 2);
+        assert_eq!(u16::from_ne_bytes([d[6], d[7]]), NLM_F_REQUEST | NLM_F_ACK);
+        assert_eq!(d[16], AF_INET);
+        assert_eq!(
+            u16::from_ne_bytes([d[22], d[23]]),
+            CTA_TUPLE_ORIG | NLA_F_NESTED
+        );
+        assert_eq!(&d[24..], &out_flow[..]);
+        // The end of the dump.
+        let mut done = Vec::new();
+        done.extend_from_slice(&20u32.to_ne_bytes());
+        done.extend_from_slice(&NLMSG_DONE.to_ne_bytes());
+        done.extend_from_slice(&[0; 14]);
+        assert!(matching(&done, Ipv4Addr::from(me), &mut found).unwrap());
+        let r = dump_request(1);
+        assert_eq!(u16::from_ne_bytes([r[4], r[5]]), (1 << 8) | 1);
+        assert_eq!(u16::from_ne_bytes([r[6], r[7]]), 0x301);
+    }
+}
