@@ -690,8 +690,8 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let d = Daemon::start_native_program(
-        &wrapper,
+    let d = Daemon::start_native_command(
+        std::process::Command::new(&wrapper),
         &dirs,
         tempfile::tempdir().unwrap(),
         &[
