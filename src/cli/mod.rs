@@ -182,7 +182,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Openapi { api } => print_bytes(
             match api {
                 OpenapiDoc::Provisioner => crate::api::openapi::provisioner_json(),
-                OpenapiDoc::Agent => sandbox_agent::openapi::agent_json(),
+                OpenapiDoc::Agent => sandbox_abi::agent_api::openapi::agent_json(),
             }
             .as_bytes(),
         ),

@@ -26,6 +26,7 @@ mod api;
 mod api_parity;
 mod cgroups_real;
 mod daemon_config;
+mod deps;
 mod fuzz_api;
 mod images;
 mod kube_backend;

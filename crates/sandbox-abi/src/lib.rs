@@ -1,4 +1,5 @@
 //! The contract between `sandboxd`'s three programs and its two backends,
+//! the agent's HTTP API types ([`agent_api`]),
 //! with no async runtime: what a create request is and how it is validated
 //! ([`model`]) and turned into a sandbox's spec ([`request`]), what a
 //! sandbox looks like from inside ([`layout`]), how a sandbox's identity is
@@ -6,11 +7,13 @@
 //! between the daemon and `sandbox-init` ([`handoff`]), no-follow host paths
 //! ([`paths`]), the one `/proc/<pid>/stat` parser ([`procfs`]) and
 //! crash-injection points for tests ([`failpoint`], a cargo feature), and
-//! the per-incarnation agent credential's names ([`credential`]).
+//! the per-incarnation agent credential's names ([`credential`]) and
+//! random bytes from the kernel ([`random`]).
 //!
 //! Who may depend on whom is in `docs/architecture.md`: every other crate of
 //! the workspace may use this one; this one uses none of them.
 
+pub mod agent_api;
 pub mod claim;
 pub mod credential;
 pub mod failpoint;
@@ -21,4 +24,5 @@ pub mod model;
 pub mod mountapi;
 pub mod paths;
 pub mod procfs;
+pub mod random;
 pub mod request;
