@@ -14,6 +14,7 @@
 // Shared helpers.
 mod agent_support;
 mod common;
+#[cfg(feature = "kube")]
 mod kube_fake;
 mod pyclient;
 
@@ -29,7 +30,9 @@ mod daemon_config;
 mod deps;
 mod fuzz_api;
 mod images;
+#[cfg(feature = "kube")]
 mod kube_backend;
+#[cfg(feature = "kube")]
 mod kube_golden;
 mod logs_journald;
 mod logs_json;
