@@ -14,7 +14,7 @@
 # Build stage: the workspace's release build. `cargo build` also builds the
 # static agent (build.rs runs a second cargo with +crt-static for it) and
 # puts all three binaries into target/release/.
-FROM rust:1-bookworm AS build
+FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked \

@@ -723,13 +723,13 @@ impl UsernsConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(format!("userns: {m}")));
-        if self.range_start < USERNS_SLOT || self.range_start % USERNS_SLOT != 0 {
+        if self.range_start < USERNS_SLOT || !self.range_start.is_multiple_of(USERNS_SLOT) {
             return bad(format!(
                 "range_start {} must be a multiple of 65536 and at least 65536 (host ids below belong to real users)",
                 self.range_start
             ));
         }
-        if self.range_count < USERNS_SLOT || self.range_count % USERNS_SLOT != 0 {
+        if self.range_count < USERNS_SLOT || !self.range_count.is_multiple_of(USERNS_SLOT) {
             return bad(format!(
                 "range_count {} must be a positive multiple of 65536 (one slot per sandbox)",
                 self.range_count

@@ -27,5 +27,11 @@ pub mod metrics;
 pub mod systemd;
 
 pub use sandbox_abi::{failpoint, model};
+
+/// The error of a build without the cargo feature `kube` (a node build)
+/// when the configuration asks for the Kubernetes backend.
+#[cfg(not(feature = "kube"))]
+pub const NO_KUBE: &str = "this build has no Kubernetes support (feature `kube`): \
+     use `backend = \"native\"`, or a build with default features";
 pub use sandbox_cgroups as cgroups;
 pub use sandbox_seccomp as seccomp;

@@ -336,7 +336,7 @@ struct ProvisionerApi;
 /// The document as pretty JSON with a trailing newline (the committed form).
 pub fn provisioner_json() -> String {
     let mut doc = ProvisionerApi::openapi();
-    sandbox_agent::openapi::unique_operation_ids(&mut doc);
+    sandbox_abi::agent_api::openapi::unique_operation_ids(&mut doc);
     let mut s = doc
         .to_pretty_json()
         .expect("the OpenAPI document serializes");

@@ -454,7 +454,7 @@ fn client_head(
                 }
             }
             Known::ContentLength => match content_length(h.value) {
-                Some(v) if length.map_or(true, |l| l == v) => length = Some(v),
+                Some(v) if length.is_none_or(|l| l == v) => length = Some(v),
                 _ => return Err("invalid content-length"),
             },
             Known::Connection => {
@@ -695,7 +695,7 @@ impl Relay {
                     auth.get_or_insert(h.value);
                 }
                 Known::ContentLength => match content_length(h.value) {
-                    Some(v) if length.map_or(true, |l| l == v) => length = Some(v),
+                    Some(v) if length.is_none_or(|l| l == v) => length = Some(v),
                     _ => return Parsed::Handoff,
                 },
                 Known::TransferEncoding | Known::Upgrade | Known::Expect => return Parsed::Handoff,

@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 
+#[cfg(feature = "kube")]
 pub mod kube;
 pub mod memory;
 pub mod native;

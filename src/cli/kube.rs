@@ -149,12 +149,12 @@ pub fn render(a: &RenderArgs, cfg: &Config) -> anyhow::Result<String> {
         SandboxSpec::from_request(request(a)?, &Default::default(), &cfg.limits.resources())?;
     let o = spec::build_objects(&spec, RENDER_POD_UID, RENDER_CREDENTIAL, &c);
     let mut docs = vec![
-        serde_yaml::to_string(&o.pod)?,
-        serde_yaml::to_string(&o.secret)?,
+        serde_norway::to_string(&o.pod)?,
+        serde_norway::to_string(&o.secret)?,
     ];
     if let Some(np) = &o.network_policy {
-        docs.push(serde_yaml::to_string(np)?);
+        docs.push(serde_norway::to_string(np)?);
     }
-    docs.push(serde_yaml::to_string(&o.service)?);
+    docs.push(serde_norway::to_string(&o.service)?);
     Ok(docs.join("---\n"))
 }

@@ -9,6 +9,7 @@ pub mod bundle;
 pub mod config_cmd;
 pub mod doctor;
 pub mod image;
+#[cfg(feature = "kube")]
 pub mod kube;
 pub mod logfmt;
 pub mod ops;
@@ -45,6 +46,7 @@ pub enum Command {
     Bundle(bundle::BundleArgs),
     /// Kubernetes backend: render the objects of a create; the Pods' init
     /// step; the one-time ownership migration.
+    #[cfg(feature = "kube")]
     #[command(subcommand)]
     Kube(kube::KubeCmd),
     /// Audit the seccomp profile, or run a command under it.
@@ -160,6 +162,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Serve(args) => serve::run(args).map(|()| 0),
         Command::Bundle(args) => bundle::run(args).map(|()| 0),
+        #[cfg(feature = "kube")]
         Command::Kube(cmd) => kube::run(cmd),
         // Runs before any tokio runtime exists (`seccomp run` execs).
         Command::Seccomp(cmd) => seccomp::run(cmd),
@@ -182,7 +185,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Openapi { api } => print_bytes(
             match api {
                 OpenapiDoc::Provisioner => crate::api::openapi::provisioner_json(),
-                OpenapiDoc::Agent => sandbox_agent::openapi::agent_json(),
+                OpenapiDoc::Agent => sandbox_abi::agent_api::openapi::agent_json(),
             }
             .as_bytes(),
         ),

@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use super::ServeArgs;
 use crate::api::{self, auth, AppState, Listener};
+#[cfg(feature = "kube")]
 use crate::backend::kube::KubeBackend;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::native::NativeBackend;
@@ -136,6 +137,9 @@ async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
             nb.refill_pool();
             Ok(Arc::new(nb))
         }
+        #[cfg(not(feature = "kube"))]
+        BackendKind::Kubernetes => bail!(crate::NO_KUBE),
+        #[cfg(feature = "kube")]
         BackendKind::Kubernetes => {
             let backend = KubeBackend::from_config(cfg)
                 .await

@@ -664,10 +664,10 @@ async fn a_create_submits_its_objects_in_order_owned_by_the_pod_and_render_print
         .as_str()
         .unwrap()
         .to_string();
-    let rendered: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+    let rendered: Vec<Value> = serde_norway::Deserializer::from_str(&text)
         .map(|doc| {
             let mut v: Value = serde_json::to_value(
-                <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap(),
+                <serde_norway::Value as serde::Deserialize>::deserialize(doc).unwrap(),
             )
             .unwrap();
             if v["kind"] == "Secret" {
@@ -883,7 +883,7 @@ fn the_ownership_migration_job_runs_the_migration_on_the_user_data_pvc() {
             .join("deploy/kubernetes/migrate-ownership-job.yaml"),
     )
     .unwrap();
-    let job: k8s_openapi::api::batch::v1::Job = serde_yaml::from_str(&text).unwrap();
+    let job: k8s_openapi::api::batch::v1::Job = serde_norway::from_str(&text).unwrap();
     let spec = job.spec.unwrap().template.spec.unwrap();
     let claim = &spec.volumes.as_ref().unwrap()[0]
         .persistent_volume_claim

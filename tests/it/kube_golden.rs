@@ -465,8 +465,8 @@ fn documents() -> Vec<(String, serde_json::Value)> {
     let mut out = Vec::new();
     for path in manifests() {
         let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = serde_yaml::Value::deserialize(doc).unwrap();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let v = serde_norway::Value::deserialize(doc).unwrap();
             let v: serde_json::Value = serde_json::to_value(v).unwrap();
             let what = format!(
                 "{} {}",

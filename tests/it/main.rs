@@ -19,6 +19,7 @@
 // Shared helpers.
 mod agent_support;
 mod common;
+#[cfg(feature = "kube")]
 mod kube_fake;
 mod pyclient;
 
@@ -31,9 +32,12 @@ mod api;
 mod api_parity;
 mod cgroups_real;
 mod daemon_config;
+mod deps;
 mod fuzz_api;
 mod images;
+#[cfg(feature = "kube")]
 mod kube_backend;
+#[cfg(feature = "kube")]
 mod kube_golden;
 mod logs_journald;
 mod logs_json;

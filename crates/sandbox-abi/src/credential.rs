@@ -21,7 +21,7 @@ pub const MIN_LEN: usize = 32;
 
 /// A fresh credential: 256 random bits, 64 lowercase hex characters.
 pub fn generate() -> String {
-    let bytes: [u8; 32] = crate::random_bytes();
+    let bytes: [u8; 32] = crate::random::bytes();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

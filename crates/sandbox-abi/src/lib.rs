@@ -1,4 +1,5 @@
 //! The contract between `sandboxd`'s three programs and its two backends,
+//! the agent's HTTP API types ([`agent_api`]),
 //! with no async runtime: what a create request is and how it is validated
 //! ([`model`]) and turned into a sandbox's spec ([`request`]), what a
 //! sandbox looks like from inside ([`layout`]), how a sandbox's identity is
@@ -7,14 +8,17 @@
 //! ([`paths`]), the one `/proc/<pid>/stat` parser ([`procfs`]) and
 //! crash-injection points for tests ([`failpoint`], a cargo feature), and
 //! the per-incarnation agent credential's names ([`credential`]), the
-//! compiled seccomp filter stack the daemon hands the launcher ([`bpf`])
-//! and the cgroup mounts and the launcher's cgroup join ([`cgroupfs`]).
+//! compiled seccomp filter stack the daemon hands the launcher ([`bpf`]),
+//! the cgroup mounts and the launcher's cgroup join ([`cgroupfs`]), random
+//! bytes from the kernel ([`random`]) and the agent's API types
+//! ([`agent_api`]).
 //!
 //! Who may depend on whom is in `docs/architecture.md`: every other crate of
 //! the workspace may use this one; this one uses none of them.
 
 pub mod bpf;
 pub mod cgroupfs;
+pub mod agent_api;
 pub mod claim;
 pub mod credential;
 pub mod failpoint;
@@ -25,19 +29,5 @@ pub mod model;
 pub mod mountapi;
 pub mod paths;
 pub mod procfs;
+pub mod random;
 pub mod request;
-
-/// `N` bytes from the kernel's random source (`getrandom(2)`, blocking
-/// until it is seeded, as `rand`'s generators are seeded from it).
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut out = [0u8; N];
-    let mut filled = 0;
-    while filled < N {
-        match rustix::rand::getrandom(&mut out[filled..], rustix::rand::GetRandomFlags::empty()) {
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => panic!("getrandom: {e}"),
-        }
-    }
-    out
-}

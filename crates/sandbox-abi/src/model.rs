@@ -322,7 +322,7 @@ pub struct SandboxRecord {
 
 /// A fresh random generation: 128 bits, lowercase hex.
 pub fn new_generation() -> String {
-    let v = u128::from_ne_bytes(crate::random_bytes());
+    let v = crate::random::u128();
     format!("{v:032x}")
 }
 

@@ -65,7 +65,10 @@ mod tests {
     fn this_process() {
         let me = std::process::id() as i32;
         let s = stat(me).unwrap();
-        assert_eq!(s.ppid, nix::unistd::getppid().as_raw());
+        assert_eq!(
+            s.ppid,
+            rustix::process::Pid::as_raw(rustix::process::getppid())
+        );
         assert_eq!(start_time(me), Some(s.start_time));
     }
 }

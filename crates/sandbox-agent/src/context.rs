@@ -30,17 +30,32 @@ const UTILS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// The name of `uid` in `/etc/passwd` (what glibc's `files` source, the
+/// only one a static binary in a sandbox has, would answer).
+fn user_name(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd_name(&passwd, uid)
+}
+
+fn passwd_name(passwd: &str, uid: u32) -> Option<String> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let _password = fields.next()?;
+        let found: u32 = fields.next()?.parse().ok()?;
+        (found == uid && !name.is_empty()).then(|| name.to_string())
+    })
+}
+
 /// Static part of the context, computed once.
 fn static_context(home: &Path, workspace: &Path) -> &'static Value {
     static CONTEXT: OnceLock<Value> = OnceLock::new();
     CONTEXT.get_or_init(|| {
         let uname = rustix::system::uname();
-        let user = nix::unistd::User::from_uid(nix::unistd::getuid())
-            .ok()
-            .flatten()
-            .map(|u| u.name)
+        let uid = rustix::process::getuid().as_raw();
+        let user = user_name(uid)
             .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| nix::unistd::getuid().to_string());
+            .unwrap_or_else(|| uid.to_string());
         let home_dir = home.display().to_string();
         let workspace = workspace.display().to_string();
         let utils: Vec<Value> = UTILS
@@ -185,6 +200,16 @@ pub fn listening_ports(table: &str) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_names_come_from_passwd_lines() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
+                      broken line\n\
+                      gem:x:1000:1000::/home/gem:/bin/sh\n";
+        assert_eq!(passwd_name(passwd, 0).as_deref(), Some("root"));
+        assert_eq!(passwd_name(passwd, 1000).as_deref(), Some("gem"));
+        assert_eq!(passwd_name(passwd, 4242), None);
+    }
 
     #[test]
     fn parses_proc_net_tcp() {

@@ -11,41 +11,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
-
 use super::files::{read_text, write_bytes, FileError};
 use super::paths::PathBase;
-use super::request::lenient;
+
+pub use sandbox_abi::agent_api::{EditorRequest, EditorResult};
 
 /// Lines of context shown around an edit.
 const SNIPPET_CONTEXT: usize = 4;
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct EditorRequest {
-    pub command: String,
-    pub path: String,
-    #[serde(default)]
-    pub file_text: Option<String>,
-    #[serde(default)]
-    pub old_str: Option<String>,
-    #[serde(default)]
-    pub new_str: Option<String>,
-    #[serde(default, deserialize_with = "lenient::int")]
-    pub insert_line: Option<i64>,
-    #[serde(default)]
-    pub view_range: Option<Vec<i64>>,
-    #[serde(default)]
-    pub replace_mode: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct EditorResult {
-    pub output: String,
-    pub path: String,
-    pub prev_exist: bool,
-}
 
 /// Which occurrences `str_replace` replaces.
 #[derive(Debug, Clone, Copy, PartialEq)]

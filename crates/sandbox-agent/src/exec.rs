@@ -21,15 +21,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::pipe::{pipe_with, PipeFlags};
-use serde::{Deserialize, Serialize};
 use tokio::net::unix::pipe::Receiver;
 use tokio::time::Instant;
 
 use super::output::OutputBuf;
 use super::paths::PathBase;
 use super::reaper::Reaper;
-use super::request::lenient;
 use super::supervise::{wait_or_kill, watch_async, Child, ScriptFile};
+
+pub use sandbox_abi::agent_api::{ExecRequest, ExecResult};
 
 /// Environment variable never passed on to commands.
 pub use sandbox_abi::handoff::READY_FD_ENV;
@@ -97,38 +97,6 @@ pub fn read_command_env(
         ));
     }
     Ok(out)
-}
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ExecRequest {
-    pub command: String,
-    #[serde(default)]
-    pub exec_dir: Option<String>,
-    #[serde(default, deserialize_with = "lenient::seconds")]
-    pub timeout: Option<f64>,
-    #[serde(default, deserialize_with = "lenient::seconds")]
-    pub hard_timeout: Option<f64>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub truncate: Option<bool>,
-    #[serde(default)]
-    pub id: Option<serde_json::Value>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub async_mode: Option<bool>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub strict: Option<bool>,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ExecResult {
-    pub session_id: String,
-    pub command: String,
-    /// `completed`, `hard_timeout`, `terminated`, `running` (async), ...
-    #[cfg_attr(feature = "openapi", schema(value_type = String))]
-    pub status: &'static str,
-    pub output: String,
-    pub exit_code: Option<i32>,
 }
 
 /// Everything exec needs from the server.
@@ -251,8 +219,7 @@ impl Exec {
         };
         let dir = self.base.resolve(raw);
         // Searchable too: a chdir failing inside spawn is a 500, not a fallback.
-        let usable =
-            dir.is_dir() && nix::unistd::access(&dir, nix::unistd::AccessFlags::X_OK).is_ok();
+        let usable = dir.is_dir() && rustix::fs::access(&dir, rustix::fs::Access::EXEC_OK).is_ok();
         if usable {
             Ok(dir)
         } else if req.strict.unwrap_or(false) {
@@ -361,7 +328,7 @@ fn set_oom_score((buf, len): ([u8; 8], usize)) -> std::io::Result<()> {
 
 /// Writes a long command to a private file in the temp dir for the shell.
 fn write_script(command: &str) -> Result<ScriptFile, ExecError> {
-    let tag: u64 = rand::random();
+    let tag = sandbox_abi::random::u64();
     let path = std::env::temp_dir().join(format!(".sandbox-agent-cmd-{tag:016x}.sh"));
     let err = |source| ExecError::Script {
         path: path.clone(),
@@ -380,7 +347,7 @@ fn write_script(command: &str) -> Result<ScriptFile, ExecError> {
 
 /// A random UUID-v4-shaped id.
 pub fn fresh_session_id() -> String {
-    let b: [u8; 16] = rand::random();
+    let b: [u8; 16] = sandbox_abi::random::bytes();
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!(
         "{}-{}-4{}-a{}-{}",

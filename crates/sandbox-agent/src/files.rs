@@ -20,10 +20,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 
 use super::paths::PathBase;
-use super::request::lenient;
+
+pub use sandbox_abi::agent_api::{ReadRequest, ReadResult, WriteRequest, WriteResult};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -94,45 +94,6 @@ impl FileError {
             source,
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ReadRequest {
-    pub file: String,
-    #[serde(default, deserialize_with = "lenient::int")]
-    pub start_line: Option<i64>,
-    #[serde(default, deserialize_with = "lenient::int")]
-    pub end_line: Option<i64>,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ReadResult {
-    pub content: String,
-    pub file: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct WriteRequest {
-    pub file: String,
-    pub content: String,
-    #[serde(default)]
-    pub encoding: Option<String>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub append: Option<bool>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub leading_newline: Option<bool>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub trailing_newline: Option<bool>,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct WriteResult {
-    pub file: String,
-    pub bytes_written: usize,
 }
 
 /// Refuses an opened `file` unless it is a regular file (`fstat` on the
@@ -337,7 +298,12 @@ mod tests {
     fn special_files_are_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
         let zero = dir.path().join("zero");
         std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
         for p in [&fifo, &zero] {

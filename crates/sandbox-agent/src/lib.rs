@@ -30,8 +30,6 @@ pub mod exec;
 pub mod files;
 pub mod listing;
 pub mod loglimit;
-#[cfg(feature = "openapi")]
-pub mod openapi;
 pub mod output;
 pub mod paths;
 pub mod reaper;
@@ -51,7 +49,6 @@ use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use tokio::net::TcpListener;
 
 use self::editor::Editor;
@@ -101,10 +98,9 @@ pub struct AgentConfig {
 /// close-on-exec so no command inherits it. Call before any thread that
 /// might open files exists (i.e. from `main`).
 pub fn adopt_ready_fd(fd: RawFd) -> Result<OwnedFd, AgentError> {
-    if fd < 0 || fcntl(fd, FcntlArg::F_GETFD).is_err() {
+    if fd < 0 || !set_cloexec(fd) {
         return Err(AgentError::ReadyFd { fd });
     }
-    let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
     // SAFETY: `fd` is open (checked above) and was handed to this process by
     // its parent for this sole purpose; nothing else in the agent refers to
     // it, so the returned OwnedFd is its only owner and closes it once.
@@ -125,8 +121,16 @@ pub fn seal_inherited_fds() {
         .collect();
     // The directory's own fd is closed by now; the rest only get a flag.
     for fd in fds {
-        let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+        set_cloexec(fd);
     }
+}
+
+/// Sets `FD_CLOEXEC` on `fd`; false when `fd` is not open.
+fn set_cloexec(fd: RawFd) -> bool {
+    // SAFETY: fcntl(2) with F_GETFD/F_SETFD takes no pointers and only
+    // changes the descriptor flag; on a number that is not an open
+    // descriptor it fails with EBADF.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) == 0 }
 }
 
 /// Resets every signal the agent inherited as ignored (say, SIGINT and
@@ -143,14 +147,15 @@ pub fn reset_ignored_signals() {
         .find_map(|l| l.strip_prefix("SigIgn:"))
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
         .unwrap_or(0);
-    for sig in nix::sys::signal::Signal::iterator() {
-        let bit = 1u64 << (sig as i32 - 1);
-        if ignored & bit == 0 || sig == nix::sys::signal::Signal::SIGPIPE {
+    // The standard signals (1..=31); SIGKILL and SIGSTOP are never ignored.
+    for sig in 1..32 {
+        let bit = 1u64 << (sig - 1);
+        if ignored & bit == 0 || sig == libc::SIGPIPE {
             continue;
         }
-        // SAFETY: SIG_DFL installs no handler code; `sig` is a standard
-        // signal that may be caught (SIGKILL/SIGSTOP are never ignored).
-        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+        // SAFETY: SIG_DFL installs no handler code; signal(2) on a number
+        // that is not a signal that may be caught fails with EINVAL.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
 }
 

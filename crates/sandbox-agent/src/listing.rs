@@ -11,10 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use serde::{Deserialize, Serialize};
-
 use super::paths::{normalize, PathBase};
-use super::request::lenient;
+
+pub use sandbox_abi::agent_api::{FileInfo, FindRequest, FindResult, ListRequest, ListResult};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ListingError {
@@ -31,66 +30,6 @@ pub enum ListingError {
     NotFound { path: PathBuf },
     #[error("invalid glob pattern: {0}")]
     Pattern(#[from] glob::PatternError),
-}
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ListRequest {
-    pub path: String,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub recursive: Option<bool>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub show_hidden: Option<bool>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub include_size: Option<bool>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub include_permissions: Option<bool>,
-    #[serde(default)]
-    pub sort_by: Option<String>,
-    #[serde(default, deserialize_with = "lenient::flag")]
-    pub sort_desc: Option<bool>,
-    #[serde(default, deserialize_with = "lenient::int")]
-    pub max_depth: Option<i64>,
-    #[serde(default)]
-    pub file_types: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct FileInfo {
-    pub name: String,
-    pub path: String,
-    pub is_directory: bool,
-    pub size: Option<u64>,
-    pub modified_time: Option<String>,
-    pub permissions: Option<String>,
-    pub extension: Option<String>,
-    #[serde(skip)]
-    mtime: f64,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ListResult {
-    pub path: String,
-    pub files: Vec<FileInfo>,
-    pub total_count: usize,
-    pub directory_count: usize,
-    pub file_count: usize,
-}
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct FindRequest {
-    pub path: String,
-    pub glob: String,
-}
-
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct FindResult {
-    pub path: String,
-    pub files: Vec<String>,
 }
 
 impl ListingError {

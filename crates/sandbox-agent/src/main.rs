@@ -1,59 +1,235 @@
 //! `sandbox-agent [--listen ADDR]`: parses arguments and runs
-//! [`sandbox_agent::serve`]. See `spec/agent-api.md`.
+//! [`sandbox_agent::serve`]. See `docs/agent.md`.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use clap::Parser;
 use sandbox_agent::{self as agent, exec, exec::ExecConfig, exec::READY_FD_ENV, AgentConfig};
+use tracing_subscriber::filter::{LevelFilter, Targets};
 
 /// The longest exec cap accepted (a day): anything longer is a mistake.
 const MAX_EXEC_CAP_SECONDS: f64 = 86_400.0;
 
-/// The in-sandbox agent: HTTP API on loopback, PID 1 of the sandbox.
-#[derive(Debug, Parser)]
-#[command(name = "sandbox-agent", version)]
+const USAGE: &str = "\
+The in-sandbox agent: HTTP API on loopback, PID 1 of the sandbox.
+
+Usage: sandbox-agent [OPTIONS]
+
+Options:
+  --listen ADDR                    Address to listen on
+                                   [env: SANDBOX_AGENT_LISTEN] [default: 127.0.0.1:8080]
+  --exec-cap-seconds S             Longest a command may run, in (0, 86400] seconds; the
+                                   daemon passes its exec timeout minus a margin
+                                   [env: SANDBOX_AGENT_EXEC_CAP_SECONDS] [default: 170]
+  --output-limit-bytes N           Output kept per command when `truncate` is true
+                                   [env: SANDBOX_AGENT_OUTPUT_LIMIT_BYTES] [default: 1048576]
+  --output-hard-limit-bytes N      Output kept per command when `truncate` is false
+                                   [env: SANDBOX_AGENT_OUTPUT_HARD_LIMIT_BYTES] [default: 268435456]
+  --term-grace-seconds S           Seconds children get between SIGTERM and SIGKILL at shutdown
+                                   [env: SANDBOX_AGENT_TERM_GRACE_SECONDS] [default: 3]
+  --command-env FILE               The environment of every command: NUL-terminated KEY=VALUE
+                                   entries (without it, commands inherit the agent's)
+  --require-credential             Refuse to start unless SANDBOX_AGENT_CREDENTIAL is set
+  --pooled                         A warm-pool member: answer only the daemon's one
+                                   POST /internal/claim until claimed
+  -h, --help                       Print this help
+  -V, --version                    Print the version
+
+Logging: SANDBOX_AGENT_LOG, a level (error, warn, info, debug, trace, off) or
+per-target levels (`info,sandbox_agent::exec=debug`); default info.
+";
+
+/// Why the agent did not start: printed as `sandbox-agent: <reason>`.
+type StartError = String;
+
+/// `Err(format!(...))`, for start-up checks.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(format!($($arg)*))
+    };
+}
+
+/// Adds what was being done to an error, as `what: error`.
+trait Context<T> {
+    fn context(self, what: &str) -> Result<T, StartError>;
+}
+
+impl<T, E: std::fmt::Display> Context<T> for Result<T, E> {
+    fn context(self, what: &str) -> Result<T, StartError> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// The command line (flags win over their environment variables).
+#[derive(Debug)]
 struct Args {
-    /// Address to listen on.
-    #[arg(long, env = "SANDBOX_AGENT_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Longest a command may run, in (0, 86400] seconds. The daemon passes
-    /// its exec timeout minus a margin (default 180 - 10).
-    #[arg(long, env = "SANDBOX_AGENT_EXEC_CAP_SECONDS", default_value_t = 170.0)]
     exec_cap_seconds: f64,
-    /// Output kept per command when `truncate` is true.
-    #[arg(long, env = "SANDBOX_AGENT_OUTPUT_LIMIT_BYTES", default_value_t = 1024 * 1024)]
     output_limit_bytes: usize,
-    /// Output kept per command when `truncate` is false (guards PID 1's memory).
-    #[arg(long, env = "SANDBOX_AGENT_OUTPUT_HARD_LIMIT_BYTES", default_value_t = 256 * 1024 * 1024)]
     output_hard_limit_bytes: usize,
-    /// Seconds children get between SIGTERM and SIGKILL at shutdown.
-    #[arg(long, env = "SANDBOX_AGENT_TERM_GRACE_SECONDS", default_value_t = 3.0)]
     term_grace_seconds: f64,
-    /// The environment of every command: a file of NUL-terminated
-    /// `KEY=VALUE` entries (the native backend binds it in). Without it,
-    /// commands inherit the agent's environment.
-    #[arg(long)]
-    command_env: Option<std::path::PathBuf>,
-    /// Refuse to start unless `SANDBOX_AGENT_CREDENTIAL` is set (the
-    /// Kubernetes backend passes it). With the variable set, every request
-    /// must carry the credential whether or not this flag is given.
-    #[arg(long)]
+    command_env: Option<PathBuf>,
     require_credential: bool,
-    /// A warm-pool member: answer only the daemon's one
-    /// `POST /internal/claim` (which sets the command environment and the
-    /// working directory) until claimed.
-    #[arg(long)]
     pooled: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Parses `raw` (a flag's value or its environment variable) for `name`.
+fn parse_value<T>(name: &str, raw: OsString) -> Result<T, StartError>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text = raw
+        .into_string()
+        .map_err(|raw| format!("invalid value {raw:?} for {name}: not UTF-8"))?;
+    text.parse()
+        .map_err(|e| format!("invalid value {text:?} for {name}: {e}"))
+}
+
+/// The value of `--name`, else of the variable `env`, else `default`.
+fn value_or_env<T>(
+    flag: Option<OsString>,
+    name: &str,
+    env: &str,
+    default: T,
+) -> Result<T, StartError>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    match flag.or_else(|| std::env::var_os(env)) {
+        Some(raw) => parse_value(name, raw),
+        None => Ok(default),
+    }
+}
+
+impl Args {
+    /// Parses the process's arguments; prints help or the version and exits
+    /// when asked.
+    fn parse() -> Result<Self, StartError> {
+        Self::parse_from(lexopt::Parser::from_env())
+    }
+
+    fn parse_from(mut parser: lexopt::Parser) -> Result<Self, StartError> {
+        use lexopt::Arg::{Long, Short};
+        let mut listen = None;
+        let mut exec_cap = None;
+        let mut output_limit = None;
+        let mut output_hard_limit = None;
+        let mut term_grace = None;
+        let mut command_env = None;
+        let mut require_credential = false;
+        let mut pooled = false;
+        while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+            match arg {
+                Long("listen") => listen = Some(parser.value().map_err(|e| e.to_string())?),
+                Long("exec-cap-seconds") => {
+                    exec_cap = Some(parser.value().map_err(|e| e.to_string())?)
+                }
+                Long("output-limit-bytes") => {
+                    output_limit = Some(parser.value().map_err(|e| e.to_string())?)
+                }
+                Long("output-hard-limit-bytes") => {
+                    output_hard_limit = Some(parser.value().map_err(|e| e.to_string())?)
+                }
+                Long("term-grace-seconds") => {
+                    term_grace = Some(parser.value().map_err(|e| e.to_string())?)
+                }
+                Long("command-env") => {
+                    command_env = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
+                }
+                Long("require-credential") => require_credential = true,
+                Long("pooled") => pooled = true,
+                Short('h') | Long("help") => {
+                    print!("{USAGE}");
+                    std::process::exit(0);
+                }
+                Short('V') | Long("version") => {
+                    println!("sandbox-agent {}", env!("CARGO_PKG_VERSION"));
+                    std::process::exit(0);
+                }
+                other => bail!("{} (see --help)", other.unexpected()),
+            }
+        }
+        Ok(Self {
+            listen: value_or_env(
+                listen,
+                "--listen",
+                "SANDBOX_AGENT_LISTEN",
+                SocketAddr::from(([127, 0, 0, 1], 8080)),
+            )?,
+            exec_cap_seconds: value_or_env(
+                exec_cap,
+                "--exec-cap-seconds",
+                "SANDBOX_AGENT_EXEC_CAP_SECONDS",
+                170.0,
+            )?,
+            output_limit_bytes: value_or_env(
+                output_limit,
+                "--output-limit-bytes",
+                "SANDBOX_AGENT_OUTPUT_LIMIT_BYTES",
+                1024 * 1024,
+            )?,
+            output_hard_limit_bytes: value_or_env(
+                output_hard_limit,
+                "--output-hard-limit-bytes",
+                "SANDBOX_AGENT_OUTPUT_HARD_LIMIT_BYTES",
+                256 * 1024 * 1024,
+            )?,
+            term_grace_seconds: value_or_env(
+                term_grace,
+                "--term-grace-seconds",
+                "SANDBOX_AGENT_TERM_GRACE_SECONDS",
+                3.0,
+            )?,
+            command_env,
+            require_credential,
+            pooled,
+        })
+    }
+}
+
+/// The log filter from `SANDBOX_AGENT_LOG`: a level, or `target=level`
+/// directives (no regex, no span filters); unset or invalid → info (an
+/// invalid value is reported once the subscriber is up).
+fn log_filter() -> (Targets, Option<String>) {
+    let default = Targets::new().with_default(LevelFilter::INFO);
+    match std::env::var("SANDBOX_AGENT_LOG") {
+        Ok(raw) if !raw.trim().is_empty() => match raw.trim().parse::<Targets>() {
+            Ok(targets) => (targets, None),
+            Err(e) => (
+                default,
+                Some(format!(
+                    "invalid SANDBOX_AGENT_LOG {raw:?} ({e}); using info"
+                )),
+            ),
+        },
+        _ => (default, None),
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Also when logging is not up yet (arguments, credential).
+            eprintln!("sandbox-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), StartError> {
     // First of all: not dumpable, so no process of the sandbox (same uid)
     // can ptrace PID 1, read or write its memory through /proc/1/mem, or
     // read /proc/1/environ: those files become root's. Commands are
     // dumpable again after their exec.
-    nix::sys::prctl::set_dumpable(false).context("PR_SET_DUMPABLE")?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .context("PR_SET_DUMPABLE")?;
     // Still single-threaded: take the readiness fd and remove the variable so
     // no command ever sees it.
     let ready_fd = match std::env::var(READY_FD_ENV) {
@@ -61,20 +237,20 @@ fn main() -> anyhow::Result<()> {
             std::env::remove_var(READY_FD_ENV);
             let fd = raw
                 .trim()
-                .parse()
-                .with_context(|| format!("{READY_FD_ENV} is not a number"))?;
-            Some(agent::adopt_ready_fd(fd)?)
+                .parse::<i32>()
+                .context(&format!("{READY_FD_ENV} is not a number"))?;
+            Some(agent::adopt_ready_fd(fd).map_err(|e| e.to_string())?)
         }
         Err(_) => None,
     };
     // Also while single-threaded: the credential leaves the environment
     // (wiped in place, then removed) before anything can copy it.
-    let credential = agent::credential::Credential::take_from_env()?;
+    let credential = agent::credential::Credential::take_from_env().map_err(|e| e.to_string())?;
     agent::seal_inherited_fds();
     agent::reset_ignored_signals();
-    let args = Args::parse();
+    let args = Args::parse()?;
     if args.require_credential && credential.is_none() {
-        bail!(agent::credential::CredentialError::Missing);
+        bail!("{}", agent::credential::CredentialError::Missing);
     }
     if !(args.exec_cap_seconds > 0.0 && args.exec_cap_seconds <= MAX_EXEC_CAP_SECONDS) {
         bail!(
@@ -82,20 +258,30 @@ fn main() -> anyhow::Result<()> {
             args.exec_cap_seconds
         );
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SANDBOX_AGENT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // A failed write (EPIPE while no daemon reads the output FIFO, e.g.
-        // a daemon restart) is dropped: by default tracing-subscriber
-        // reports it with `eprintln!`, which panics on that same broken
-        // stderr and took the agent down with it.
-        .log_internal_errors(false)
-        .init();
+    let (filter, bad_filter) = log_filter();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_target(false)
+                    // Never a terminal in a sandbox (the daemon reads a FIFO).
+                    .with_ansi(false)
+                    // A failed write (EPIPE while no daemon reads the output
+                    // FIFO, e.g. a daemon restart) is dropped: by default
+                    // tracing-subscriber reports it with `eprintln!`, which
+                    // panics on that same broken stderr and took the agent
+                    // down with it.
+                    .log_internal_errors(false),
+            )
+            .with(filter)
+            .init();
+    }
+    if let Some(msg) = bad_filter {
+        tracing::warn!("{msg}");
+    }
 
     let term_grace = Duration::try_from_secs_f64(args.term_grace_seconds)
         .context("the SIGTERM grace must be a non-negative number of seconds")?;
@@ -119,11 +305,15 @@ fn main() -> anyhow::Result<()> {
         credential,
         pooled: args.pooled,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: PID 1 serves one sandbox's requests, which wait on I/O,
+    // timers and children; file work that may block runs on tokio's
+    // blocking pool (`routes::blocking`), never on this thread.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
-    runtime.block_on(agent::serve(config))?;
+    runtime
+        .block_on(agent::serve(config))
+        .map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -21,10 +21,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
+use rustix::io::Errno;
+use rustix::process::{kill_process_group, wait, Pid, Signal, WaitOptions};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::oneshot;
 
@@ -73,7 +71,7 @@ impl Reaper {
     pub fn start() -> Result<Arc<Self>, ReaperError> {
         if std::process::id() != 1 {
             // Not fatal: without it orphans go to the real init, which reaps.
-            if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+            if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
                 tracing::warn!(error = %ReaperError::Subreaper(e), "orphans will not be reaped here");
             }
         }
@@ -129,19 +127,26 @@ impl Reaper {
     /// Reaps every exited child without blocking.
     pub fn reap_all(&self) {
         loop {
-            let (pid, exit) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) => (pid, ChildExit::Exited(code)),
-                Ok(WaitStatus::Signaled(pid, sig, _core)) => (pid, ChildExit::Signaled(sig as i32)),
-                Ok(WaitStatus::StillAlive) => return,
-                Ok(_) => continue,
-                Err(Errno::EINTR) => continue,
+            let (pid, exit) = match wait(WaitOptions::NOHANG) {
+                Ok(None) => return, // children, none exited
+                Ok(Some((pid, status))) => {
+                    if let Some(code) = status.exit_status() {
+                        (pid, ChildExit::Exited(code))
+                    } else if let Some(sig) = status.terminating_signal() {
+                        (pid, ChildExit::Signaled(sig))
+                    } else {
+                        continue; // stopped or continued (not asked for)
+                    }
+                }
+                Err(Errno::INTR) => continue,
                 Err(_) => return, // ECHILD: no children at all
             };
-            match self.lock().remove(&pid.as_raw()) {
+            let pid = pid.as_raw_nonzero().get();
+            match self.lock().remove(&pid) {
                 Some(tx) => {
                     let _ = tx.send(exit);
                 }
-                None => tracing::debug!(pid = pid.as_raw(), "reaped orphan"),
+                None => tracing::debug!(pid, "reaped orphan"),
             }
         }
     }
@@ -155,13 +160,13 @@ impl Reaper {
     /// every process in the namespace), waits up to `grace` for the spawned
     /// children to exit, then `SIGKILL`s what is left.
     pub async fn terminate_all(&self, grace: Duration) {
-        self.signal_everyone(Signal::SIGTERM);
+        self.signal_everyone(Signal::TERM);
         let deadline = Instant::now() + grace;
         while !self.live_children().is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
             self.reap_all();
         }
-        self.signal_everyone(Signal::SIGKILL);
+        self.signal_everyone(Signal::KILL);
         tokio::time::sleep(Duration::from_millis(20)).await;
         self.reap_all();
     }
@@ -174,7 +179,9 @@ impl Reaper {
             // As init, -1 reaches every process of the pid namespace (never
             // init itself). Outside PID 1 this would reach the whole host's
             // processes of this uid, so it is guarded.
-            let _ = kill(Pid::from_raw(-1), sig);
+            // SAFETY: kill(2) takes no pointers; -1 is "every process we
+            // may signal".
+            unsafe { libc::kill(-1, sig.as_raw()) };
         }
     }
 }
@@ -182,9 +189,12 @@ impl Reaper {
 /// Sends `sig` to the process group led by `pgid`.
 pub fn kill_group(pgid: i32, sig: Signal) -> Result<(), Errno> {
     if pgid <= 1 {
-        return Err(Errno::EINVAL);
+        return Err(Errno::INVAL);
     }
-    kill(Pid::from_raw(-pgid), sig)
+    match Pid::from_raw(pgid) {
+        Some(pid) => kill_process_group(pid, sig),
+        None => Err(Errno::INVAL),
+    }
 }
 
 #[cfg(test)]
@@ -200,8 +210,8 @@ mod tests {
 
     #[test]
     fn refuses_to_signal_init_or_everyone() {
-        assert_eq!(kill_group(1, Signal::SIGTERM), Err(Errno::EINVAL));
-        assert_eq!(kill_group(0, Signal::SIGTERM), Err(Errno::EINVAL));
-        assert_eq!(kill_group(-1, Signal::SIGTERM), Err(Errno::EINVAL));
+        assert_eq!(kill_group(1, Signal::TERM), Err(Errno::INVAL));
+        assert_eq!(kill_group(0, Signal::TERM), Err(Errno::INVAL));
+        assert_eq!(kill_group(-1, Signal::TERM), Err(Errno::INVAL));
     }
 }

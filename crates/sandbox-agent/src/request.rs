@@ -82,44 +82,7 @@ fn percent_decode(s: &str) -> Result<String, RequestError> {
     String::from_utf8(out).map_err(|_| RequestError::Query("query is not UTF-8".into()))
 }
 
-/// serde helpers for lenient optional fields.
-pub mod lenient {
-    use serde::{Deserialize, Deserializer};
-    use serde_json::Value;
-
-    /// A number of seconds given as integer, float or numeric string;
-    /// `null` means absent.
-    pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-        Ok(match Option::<Value>::deserialize(d)? {
-            Some(Value::Number(n)) => n.as_f64(),
-            Some(Value::String(s)) => s.trim().parse::<f64>().ok(),
-            _ => None,
-        })
-    }
-
-    /// A boolean; `null` means absent, strings "true"/"false" accepted.
-    pub fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
-        Ok(match Option::<Value>::deserialize(d)? {
-            Some(Value::Bool(b)) => Some(b),
-            Some(Value::String(s)) => match s.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" => Some(true),
-                "false" | "0" | "no" => Some(false),
-                _ => None,
-            },
-            Some(Value::Number(n)) => Some(n.as_f64().unwrap_or(0.0) != 0.0),
-            _ => None,
-        })
-    }
-
-    /// A signed integer given as integer or integral float; `null` is absent.
-    pub fn int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
-        Ok(match Option::<Value>::deserialize(d)? {
-            Some(Value::Number(n)) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
-            Some(Value::String(s)) => s.trim().parse::<i64>().ok(),
-            _ => None,
-        })
-    }
-}
+pub use sandbox_abi::agent_api::lenient;
 
 #[cfg(test)]
 mod tests {

@@ -15,8 +15,6 @@
 use std::os::fd::IntoRawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-use nix::errno::Errno;
-use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use rustix::pipe::{pipe_with, PipeFlags};
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe::Receiver;
@@ -26,7 +24,7 @@ pub enum ShutdownError {
     #[error("creating the SIGTERM pipe: {0}")]
     Pipe(#[source] std::io::Error),
     #[error("installing the SIGTERM handler: {0}")]
-    Handler(#[source] Errno),
+    Handler(#[source] std::io::Error),
 }
 
 /// Write end of the self-pipe (-1 until installed); never closed.
@@ -41,7 +39,12 @@ pub fn should_stop(we_are_init: bool, sender_pid: i32) -> bool {
 }
 
 extern "C" fn on_sigterm(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    let saved = Errno::last_raw();
+    // SAFETY: __errno_location returns this thread's errno slot, valid for
+    // the thread's life; it is saved here and restored below so the
+    // interrupted code never sees the handler's errno.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: as above, a valid, aligned pointer.
+    let saved = unsafe { *errno };
     let sender = if info.is_null() {
         0
     } else {
@@ -61,7 +64,8 @@ extern "C" fn on_sigterm(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *m
         // the buffer is one valid byte. A full pipe just drops the byte.
         unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
     }
-    Errno::set_raw(saved);
+    // SAFETY: as above.
+    unsafe { *errno = saved };
 }
 
 /// SIGTERMs as they arrive, already classified by sender.
@@ -77,14 +81,20 @@ impl TermSignal {
         WE_ARE_INIT.store(std::process::id() == 1, Ordering::Relaxed);
         TERM_PIPE.store(write_end.into_raw_fd(), Ordering::Relaxed);
         let reader = Receiver::from_owned_fd(read_end).map_err(ShutdownError::Pipe)?;
-        let action = SigAction::new(
-            SigHandler::SigAction(on_sigterm),
-            SaFlags::SA_RESTART,
-            SigSet::empty(),
-        );
+        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            on_sigterm;
+        // SAFETY: an all-zero sigaction is valid (empty mask, no flags).
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = handler as libc::sighandler_t;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         // SAFETY: the handler only calls async-signal-safe functions (an
-        // atomic load, write(2), errno save/restore) and touches no locks.
-        unsafe { sigaction(Signal::SIGTERM, &action) }.map_err(ShutdownError::Handler)?;
+        // atomic load, write(2), errno save/restore) and touches no locks;
+        // `action` is a valid sigaction for the call's duration and the old
+        // action is not asked for.
+        let rc = unsafe { libc::sigaction(libc::SIGTERM, &action, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(ShutdownError::Handler(std::io::Error::last_os_error()));
+        }
         Ok(Self { reader })
     }
 

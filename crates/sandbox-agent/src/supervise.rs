@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
+use rustix::process::Signal;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe::Receiver;
 use tokio::time::Instant;
@@ -47,7 +47,7 @@ struct KillOnDrop(Option<i32>);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(pgid) = self.0.take() {
-            let _ = kill_group(pgid, Signal::SIGKILL);
+            let _ = kill_group(pgid, Signal::KILL);
         }
     }
 }
@@ -89,7 +89,7 @@ pub async fn wait_or_kill(
             Some(exit)
         }
         None => {
-            let _ = kill_group(pid, Signal::SIGKILL);
+            let _ = kill_group(pid, Signal::KILL);
             let mid = kill_at + (respond_by - kill_at) / 2;
             let _ = tokio::time::timeout_at(mid, exit_rx).await;
             eof = drain(&mut reader, out, &mut buf, respond_by, eof).await;
@@ -149,7 +149,7 @@ pub async fn watch_async(child: Child, hard: Option<Duration>) {
                 break;
             }
             _ = sleep_until_opt(deadline) => {
-                let _ = kill_group(pid, Signal::SIGKILL);
+                let _ = kill_group(pid, Signal::KILL);
                 tracing::info!(pid, "async exec killed at its hard_timeout");
                 let _ = exit_rx.await;
                 break;

@@ -18,11 +18,12 @@ use futures_util::StreamExt;
 use http_body_util::{BodyDataStream, BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{header, Request, Response};
-use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::body::AgentBody;
 use super::paths::PathBase;
+
+pub use sandbox_abi::agent_api::UploadResult;
 
 const DOWNLOAD_CHUNK: usize = 64 * 1024;
 
@@ -69,14 +70,6 @@ fn io_err<'a>(
     }
 }
 
-#[derive(Debug, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct UploadResult {
-    pub file_path: String,
-    pub file_size: u64,
-    pub success: bool,
-}
-
 /// A file part written to a temporary path, not yet at its destination.
 struct Staged {
     temp: PathBuf,
@@ -86,7 +79,7 @@ struct Staged {
 
 /// A temporary name in `dir` that no one else uses.
 fn temp_in(dir: &Path, hint: &str) -> PathBuf {
-    let tag: u64 = rand::random();
+    let tag = sandbox_abi::random::u64();
     dir.join(format!(".{hint}.sandbox-agent-upload.{tag:016x}"))
 }
 

@@ -142,7 +142,7 @@ fn mib(mb: u64) -> Quantity {
 /// CPUs as a Kubernetes quantity: whole CPUs as "2", else millicores.
 fn cpu(cpus: f64) -> Quantity {
     let milli = (cpus * 1000.0).round().max(1.0) as u64;
-    if milli % 1000 == 0 {
+    if milli.is_multiple_of(1000) {
         Quantity(format!("{}", milli / 1000))
     } else {
         Quantity(format!("{milli}m"))

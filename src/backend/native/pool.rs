@@ -290,7 +290,7 @@ impl Pool {
                 + v.starting.load(Ordering::SeqCst);
             let n = v.size.saturating_sub(have).min(slots);
             slots -= n;
-            out.extend(std::iter::repeat(i).take(n));
+            out.extend(std::iter::repeat_n(i, n));
         }
         out
     }

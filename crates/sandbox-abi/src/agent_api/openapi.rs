@@ -1,17 +1,16 @@
 //! The OpenAPI 3.1 description of the agent API (feature `openapi`, never
 //! in the static binary): generated with `utoipa` from the request and
-//! result types of the handlers, wrapped in the envelope of
-//! [`crate::envelope`]. `sandboxd openapi agent` prints it; it is committed
+//! result types of [`super`], wrapped in the agent's envelope
+//! (`crates/sandbox-agent/src/envelope.rs`). `sandboxd openapi agent` prints it; it is committed
 //! as `docs/openapi/agent.json`.
 
 use serde::Serialize;
 use utoipa::{OpenApi, ToSchema};
 
-use crate::editor::{EditorRequest, EditorResult};
-use crate::exec::{ExecRequest, ExecResult};
-use crate::files::{ReadRequest, ReadResult, WriteRequest, WriteResult};
-use crate::listing::{FileInfo, FindRequest, FindResult, ListRequest, ListResult};
-use crate::transfer::UploadResult;
+use super::{
+    EditorRequest, EditorResult, ExecRequest, ExecResult, FileInfo, FindRequest, FindResult,
+    ListRequest, ListResult, ReadRequest, ReadResult, UploadResult, WriteRequest, WriteResult,
+};
 
 /// Every JSON answer: `{"success", "message", "data"}`.
 #[derive(Serialize, ToSchema)]
