@@ -54,6 +54,10 @@ fn script(name: &str) -> (&'static [u8], bool) {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n",
             true,
         ),
+        "long" => (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nforged",
+            false,
+        ),
         "bad-chunk" => (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
             true,
@@ -587,9 +591,8 @@ async fn pipelined_requests_of_any_kind_are_answered_in_order() {
     assert_eq!(metric(&d, "hyper").await, 4);
 }
 
-/// Smuggling: a request whose framing is ambiguous is not served by the
-/// relay; hyper refuses it, and the sandbox never sees a request hidden
-/// in its body.
+/// Smuggling: a request whose framing is ambiguous is refused, and the
+/// sandbox never sees a request hidden in its body.
 #[tokio::test]
 async fn ambiguous_request_framing_is_refused() {
     let (d, mut rx) = daemon(&[]).await;
@@ -1173,5 +1176,108 @@ async fn a_malformed_chunked_request_body_is_a_400() {
     assert!(
         text.contains("sandboxd_errors_total{kind=\"bad_request\"} 3"),
         "{text}"
+    );
+}
+
+/// The smuggling corpus of issue #31 on the wire, each case on a
+/// connection of its own: what the daemon answers (every status in order,
+/// then whether it closed), and what reached the sandbox. A request hidden
+/// in a body never reaches it as a request; what is forwarded is re-framed
+/// by the daemon (one framing, no extensions), whatever the client sent.
+#[tokio::test]
+async fn the_smuggling_corpus_is_refused_or_reframed() {
+    let (d, mut rx) = daemon(&[]).await;
+    let hidden = get("/api/sandboxes/rl/proxy/length?hidden", "");
+    let head = |extra: &str| {
+        format!("POST /api/sandboxes/rl/proxy/echo HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n{extra}")
+    };
+    let chunked_smuggle = format!("0\r\n\r\n{hidden}");
+    let many: String = (0..200).map(|i| format!("x-h{i}: {i}\r\n")).collect();
+    let cases: Vec<(&str, String, &[u16])> = vec![
+        // CL.TE: hyper takes the chunked framing (RFC 9112 §6.1) and closes
+        // the connection after the response; the hidden request is never
+        // read as one.
+        (
+            "content-length and transfer-encoding",
+            format!(
+                "{}content-length: {}\r\ntransfer-encoding: chunked\r\n\r\n{chunked_smuggle}",
+                head(""),
+                chunked_smuggle.len()
+            ),
+            &[200],
+        ),
+        (
+            "chunked, identity",
+            format!(
+                "{}transfer-encoding: chunked, identity\r\n\r\n{chunked_smuggle}",
+                head("")
+            ),
+            &[400],
+        ),
+        (
+            "obs-fold",
+            format!("{}x-a: 1\r\n folded\r\ncontent-length: 0\r\n\r\n", head("")),
+            &[400],
+        ),
+        (
+            "NUL in a header",
+            format!("{}x-a: a\0b\r\ncontent-length: 0\r\n\r\n", head("")),
+            &[400],
+        ),
+        (
+            "huge header count",
+            format!("{}{many}content-length: 0\r\n\r\n", head("")),
+            &[431],
+        ),
+        (
+            "chunk extensions",
+            format!(
+                "{}transfer-encoding: chunked\r\nconnection: close\r\n\r\n5;ext=\"1\"\r\nhello\r\n0\r\n\r\n",
+                head("")
+            ),
+            &[200],
+        ),
+        (
+            "bare LF",
+            head("content-length: 5\r\nconnection: close\r\n\r\nhello").replace("\r\n", "\n"),
+            &[200],
+        ),
+    ];
+    let mut report = Vec::new();
+    for (name, raw, want) in &cases {
+        let mut c = TcpStream::connect(d.addr).await.unwrap();
+        c.write_all(raw.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let mut statuses = Vec::new();
+        let mut bodies = Vec::new();
+        while let Some(r) = read_response(&mut c, &mut buf, false).await {
+            statuses.push(r.status);
+            bodies.push(String::from_utf8_lossy(&r.body).into_owned());
+        }
+        report.push(format!("{name}: {statuses:?} {bodies:?}"));
+        assert_eq!(&statuses[..], *want, "{name}: {bodies:?}");
+        if *name == "chunk extensions" || *name == "bare LF" {
+            assert_eq!(bodies, ["hello"], "{name}: forwarded as sent");
+        }
+    }
+    // A sandbox whose response carries more than its length says: the
+    // extra bytes never reach the client as a response.
+    let mut c = TcpStream::connect(d.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let mut conn = (&mut c, &mut buf, "hyper");
+    let r = exchange(&mut conn, "long", "GET").await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"ok"[..]));
+    let r = exchange(&mut conn, "length", "GET").await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"hello"[..]), "{r:?}");
+    // What reached the sandbox: the three served requests, the two probes,
+    // nothing hidden.
+    let mut paths = Vec::new();
+    while let Ok((_, p)) = rx.try_recv() {
+        paths.push(p);
+    }
+    assert_eq!(
+        paths,
+        ["/rl/echo", "/rl/echo", "/rl/echo", "/rl/long", "/rl/length"],
+        "{report:#?}"
     );
 }
