@@ -529,7 +529,8 @@ mod tests {
     }
 
     /// `side` driven with no upstream connections, and a waker that
-    /// counts the task's wake-ups.
+    /// counts the task's wake-ups (on a runtime: the connection's state
+    /// keeps the daemon runtime's handle).
     fn driven(side: Side) -> (Pin<Box<Driven<Side>>>, Arc<Count>, Waker) {
         let ups = Arc::new(ConnUpstreams::new(
             Arc::new(UpstreamPool::default()),
@@ -540,8 +541,8 @@ mod tests {
         (Box::pin(Driven::new(side, ups)), count, outer)
     }
 
-    #[test]
-    fn wake_ups_inside_a_poll_go_round_and_those_from_outside_wake_the_task() {
+    #[tokio::test]
+    async fn wake_ups_inside_a_poll_go_round_and_those_from_outside_wake_the_task() {
         let kept = Arc::new(Mutex::new(None));
         let side = Side {
             inside: 3,
@@ -562,8 +563,8 @@ mod tests {
         assert_eq!(driven.as_mut().poll(&mut cx), Poll::Ready(5));
     }
 
-    #[test]
-    fn a_side_that_never_settles_yields_after_the_rounds() {
+    #[tokio::test]
+    async fn a_side_that_never_settles_yields_after_the_rounds() {
         let side = Side {
             inside: usize::MAX,
             polls: 0,
