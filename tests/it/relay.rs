@@ -989,7 +989,7 @@ async fn an_upgrade_passes_the_proxy_and_a_delete_cuts_it() {
 /// response; and the upgraded connection ends when the client closes it.
 #[tokio::test]
 async fn a_refused_upgrade_is_an_ordinary_response_and_the_client_may_end_one() {
-    let (d, mut rx) = daemon(&[]).await;
+    let (d, mut rx) = daemon(&[("SANDBOXD_DELETE_GRACE_SECONDS", "60")]).await;
     let mut c = TcpStream::connect(d.addr).await.unwrap();
     let mut buf = Vec::new();
     c.write_all(
@@ -1035,9 +1035,14 @@ async fn a_refused_upgrade_is_an_ordinary_response_and_the_client_may_end_one() 
             break;
         }
     }
-    // Nothing stays pinned: the delete does not wait for its grace.
+    // Nothing stays pinned: the delete does not wait for its grace (60 s).
+    let started = std::time::Instant::now();
     let (s, _) = d.json("DELETE", "/api/sandboxes/rl", None).await;
     assert_eq!(s, 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the delete waited for a pin"
+    );
 }
 
 /// Request and response bodies are streamed, not gathered: a chunked
