@@ -91,11 +91,18 @@ pub struct HyperConn {
 /// sandbox closed (deleted, or its server's keep-alive ran out) cannot, and
 /// is not kept or parked.
 pub trait Reusable {
-    fn reusable(&self) -> bool;
+    fn reusable(&mut self) -> bool;
 }
 
 impl Reusable for HyperConn {
-    fn reusable(&self) -> bool {
+    /// A parked connection is not driven: its connection future is polled
+    /// once here (no system call unless its socket became ready), so one
+    /// the sandbox closed is noticed now, not when it expires.
+    fn reusable(&mut self) -> bool {
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        if self.conn.as_mut().poll(&mut cx).is_ready() {
+            return false;
+        }
         self.sender.is_ready()
     }
 }
@@ -184,7 +191,7 @@ impl<C> Default for UpstreamPool<C> {
 }
 
 /// Whether a parked connection is still worth keeping.
-fn worth_keeping<C: Reusable>(u: &Upstream<C>) -> bool {
+fn worth_keeping<C: Reusable>(u: &mut Upstream<C>) -> bool {
     u.last_used.elapsed() < PARKED_IDLE && u.conn.reusable()
 }
 
@@ -194,15 +201,18 @@ impl<C: Reusable> UpstreamPool<C> {
     /// meanwhile) go on the way.
     pub fn take(&self, id: &str, generation: &str) -> Option<Upstream<C>> {
         let mut parked = lock(&self.parked);
-        parked.retain(worth_keeping);
+        parked.retain_mut(worth_keeping);
         let i = parked.iter().rposition(|u| u.is(id, generation))?;
         Some(parked.swap_remove(i))
     }
 
     pub fn park(&self, ups: impl Iterator<Item = Upstream<C>>) {
         let mut parked = lock(&self.parked);
-        parked.retain(worth_keeping);
-        for mut u in ups.filter(|u| u.conn.reusable()) {
+        parked.retain_mut(worth_keeping);
+        for mut u in ups {
+            if !u.conn.reusable() {
+                continue;
+            }
             let same = parked.iter().filter(|p| p.is(&u.id, &u.generation)).count();
             if same >= PARKED_PER_INCARNATION {
                 continue;
