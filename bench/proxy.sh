@@ -2,13 +2,11 @@
 # Proxy benchmark: requests/s and p50/p99 latency of a small GET at 1 and 8
 # connections, straight to an upstream (nginx), through nginx's own
 # `proxy_pass` (upstream keep-alive, the reference a reverse proxy is
-# measured against), through sandboxd's proxy (memory backend pointing at
-# the same nginx; the relay, its fast path, on as by default) and through
-# sandboxd with the relay off (`SANDBOXD_PROXY_RELAY=false`: every request
-# through hyper), all measured in one run with wrk. For each connection
-# count the four runs go back to back, ROUNDS times over (the three proxies
-# in a rotating order), and each figure is the median of its rounds (the
-# machine is shared and noisy). Writes
+# measured against) and through sandboxd's proxy (memory backend pointing
+# at the same nginx), all measured in one run with wrk. For each
+# connection count the three runs go back to back, ROUNDS times over (the
+# two proxies in alternating order), and each figure is the median of its
+# rounds (the machine is shared and noisy). Writes
 # the figures into docs/performance.md between the PROXY markers. Needs
 # root only for apt-get (wrk, nginx-light).
 #
@@ -29,12 +27,11 @@ cleanup() {
     [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
     [ -f "$work/nginx-proxy.pid" ] && kill "$(cat "$work/nginx-proxy.pid")" 2>/dev/null || true
     [ -n "${sbd:-}" ] && kill "$sbd" 2>/dev/null || true
-    [ -n "${sbd_hyper:-}" ] && kill "$sbd_hyper" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
 
-up_port=18190; prov_port=18191; ngx_port=18192; hyper_port=18193
+up_port=18190; prov_port=18191; ngx_port=18192
 cat > "$work/nginx.conf" <<NGINX
 worker_processes 1;
 pid $work/nginx.pid;
@@ -52,7 +49,7 @@ NGINX
 nginx -c "$work/nginx.conf"
 # The reference proxy: nginx proxy_pass to the same upstream, upstream
 # keep-alive on, as many workers as sandboxd has connection workers (the
-# cores, where its relay serves the connections).
+# cores, where it serves the connections).
 cat > "$work/nginx-proxy.conf" <<NGINX
 worker_processes $(nproc);
 pid $work/nginx-proxy.pid;
@@ -75,14 +72,13 @@ NGINX
 nginx -c "$work/nginx-proxy.conf"
 
 token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-start() { # port relay
-    SANDBOX_PROVISIONER_TOKEN=$token PROVISIONER_BACKEND=memory SANDBOXD_PROXY_RELAY=$2 \
+start() { # port
+    SANDBOX_PROVISIONER_TOKEN=$token PROVISIONER_BACKEND=memory \
     MEMORY_SANDBOX_URL_TEMPLATE="http://127.0.0.1:$up_port" RUST_LOG=warn \
         ./target/release/sandboxd serve --listen "127.0.0.1:$1" --state-dir "$work/state-$1" &
 }
-start "$prov_port" true; sbd=$!
-start "$hyper_port" false; sbd_hyper=$!
-for port in "$prov_port" "$hyper_port"; do
+start "$prov_port"; sbd=$!
+for port in "$prov_port"; do
     for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
     curl -sf -H "Authorization: Bearer $token" -X POST "http://127.0.0.1:$port/api/sandboxes" \
          -d '{"sandbox_id":"bench","thread_id":"t","uid":"u"}' >/dev/null
@@ -91,7 +87,6 @@ done
 direct="http://127.0.0.1:$up_port/small"
 via_nginx="http://127.0.0.1:$ngx_port/small"
 proxied="http://127.0.0.1:$prov_port/api/sandboxes/bench/proxy/small"
-via_hyper="http://127.0.0.1:$hyper_port/api/sandboxes/bench/proxy/small"
 
 # The CPU time (user + system, clock ticks) the processes PIDS... used so far.
 ticks() {
@@ -127,7 +122,6 @@ median() { sort -n | awk '{v[NR]=$1} END { print v[int((NR+1)/2)] }'; }
 no_pids=()
 ngx_pids=($(pgrep -P "$(cat "$work/nginx-proxy.pid")"))
 sbd_pids=("$sbd")
-hyper_pids=("$sbd_hyper")
 
 rows=""
 for c in 1 8; do
@@ -135,18 +129,16 @@ for c in 1 8; do
     : > "$work/runs"
     for r in $(seq "$rounds"); do
         echo "d $(run "$c" "$t" "$direct" no_pids)" >> "$work/runs"
-        # The three proxies in a different order each round: a run right
+        # The two proxies in a different order each round: a run right
         # after another measured slower here, whichever proxy it was.
-        case $(( r % 3 )) in
-            1) order="n p h" ;;
-            2) order="p h n" ;;
-            0) order="h n p" ;;
+        case $(( r % 2 )) in
+            1) order="n p" ;;
+            0) order="p n" ;;
         esac
         for k in $order; do
             case $k in
                 n) echo "n $(run "$c" "$t" "$via_nginx" ngx_pids)" ;;
                 p) echo "p $(run "$c" "$t" "$proxied" sbd_pids -H "Authorization: Bearer $token")" ;;
-                h) echo "h $(run "$c" "$t" "$via_hyper" hyper_pids -H "Authorization: Bearer $token")" ;;
             esac >> "$work/runs"
         done
     done
@@ -155,26 +147,24 @@ for c in 1 8; do
     d_rps=$(fig d 2); d_p50=$(fig d 3)
     n_rps=$(fig n 2); n_p50=$(fig n 3); n_cpu=$(fig n 5)
     p_rps=$(fig p 2); p_p50=$(fig p 3); p_p99=$(fig p 4); p_cpu=$(fig p 5)
-    h_rps=$(fig h 2); h_p50=$(fig h 3)
     vs_nginx=$(awk -v a="$p_rps" -v b="$n_rps" 'BEGIN{printf "%.2f", a/b}')
-    n_added=$((n_p50 - d_p50)); p_added=$((p_p50 - d_p50)); h_added=$((h_p50 - d_p50))
-    rows+="| $c | $d_rps | $d_p50 | $n_rps | $n_p50 | $n_added | $n_cpu | $p_rps | $p_p50 | $p_p99 | $p_added | $p_cpu | $vs_nginx | $h_rps | $h_added |"$'\n'
-    echo "conns=$c direct: $d_rps req/s p50 ${d_p50}us | nginx: $n_rps req/s p50 ${n_p50}us (+${n_added}) ${n_cpu}us CPU/req | sandboxd: $p_rps req/s p50 ${p_p50}us p99 ${p_p99}us (+${p_added}) ${p_cpu}us CPU/req | sandboxd/nginx $vs_nginx | relay off: $h_rps req/s (+${h_added})"
+    n_added=$((n_p50 - d_p50)); p_added=$((p_p50 - d_p50))
+    rows+="| $c | $d_rps | $d_p50 | $n_rps | $n_p50 | $n_added | $n_cpu | $p_rps | $p_p50 | $p_p99 | $p_added | $p_cpu | $vs_nginx |"$'\n'
+    echo "conns=$c direct: $d_rps req/s p50 ${d_p50}us | nginx: $n_rps req/s p50 ${n_p50}us (+${n_added}) ${n_cpu}us CPU/req | sandboxd: $p_rps req/s p50 ${p_p50}us p99 ${p_p99}us (+${p_added}) ${p_cpu}us CPU/req | sandboxd/nginx $vs_nginx"
 done
 
 section=$(cat <<MD
 <!-- PROXY:BEGIN (written by bench/proxy.sh) -->
 Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(uname -r)), \`bash bench/proxy.sh ${dur} ${rounds}\`: wrk ${dur}s per run, nginx
 upstream returning 3 bytes; nginx \`proxy_pass\` ($(nproc) workers, upstream keep-alive) and sandboxd's proxy (release build,
-memory backend) in front of the same upstream, sandboxd once with the relay (the default) and once without
-(\`SANDBOXD_PROXY_RELAY=false\`, every request through hyper); for each connection count the four runs back to back,
-${rounds} rounds with the three proxies in a rotating order, each figure the median of its rounds; CPU is the
+memory backend) in front of the same upstream; for each connection count the three runs back to back,
+${rounds} rounds with the two proxies in alternating order, each figure the median of its rounds; CPU is the
 proxy's user + system time over the run (\`/proc/<pid>/stat\`, all of nginx's workers) divided by the requests served.
 
-| conns | direct req/s | direct p50 µs | nginx req/s | nginx p50 µs | nginx added p50 µs | nginx CPU µs/req | sandboxd req/s | sandboxd p50 µs | sandboxd p99 µs | sandboxd added p50 µs | sandboxd CPU µs/req | sandboxd / nginx req/s | relay off req/s | relay off added p50 µs |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| conns | direct req/s | direct p50 µs | nginx req/s | nginx p50 µs | nginx added p50 µs | nginx CPU µs/req | sandboxd req/s | sandboxd p50 µs | sandboxd p99 µs | sandboxd added p50 µs | sandboxd CPU µs/req | sandboxd / nginx req/s |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 ${rows}
-Goal: sandboxd ≥ nginx \`proxy_pass\` in req/s and ≤ nginx in added p50.
+Goal (issue #31): sandboxd ≥ 0.9 × nginx \`proxy_pass\` in req/s at 8 connections.
 <!-- PROXY:END -->
 MD
 )

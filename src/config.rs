@@ -402,8 +402,9 @@ pub struct ProxyConfig {
     /// Longest pause between two parts of a response body coming from a
     /// sandbox.
     pub body_idle_timeout_seconds: u64,
-    /// Serve plain proxied requests with the built-in HTTP/1.1 relay (the
-    /// fast path); `false` leaves every request to hyper.
+    /// No effect: it chose between the hand-written relay and hyper, and
+    /// hyper now serves every proxied request (issue #31). Still accepted
+    /// so configurations that set it load.
     pub relay: bool,
 }
 

@@ -35,7 +35,8 @@ pub struct ResultLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PathLabel {
-    /// `relay` (the fast path) or `hyper`.
+    /// `hyper` (the one forwarding path; the label stays for dashboards
+    /// that select on it).
     pub path: String,
 }
 
@@ -60,10 +61,9 @@ pub struct Metrics {
     pub create_seconds: Histogram,
     pub delete_seconds: Histogram,
     pub proxy_seconds: Histogram,
-    /// Proxied requests served by the relay and by hyper (children of
-    /// `proxy_requests_total`, made once so counting takes no lookup).
-    pub proxy_relayed: Counter,
-    pub proxy_via_hyper: Counter,
+    /// Proxied requests (the child of `proxy_requests_total`, made once so
+    /// counting takes no lookup).
+    pub proxy_requests: Counter,
     pub reaped: Counter,
     pub oom_kills: Counter,
     pub errors: Family<KindLabel, Counter>,
@@ -105,7 +105,7 @@ impl Metrics {
                 .get_or_create(&PathLabel { path: p.into() })
                 .clone()
         };
-        let (proxy_relayed, proxy_via_hyper) = (path("relay"), path("hyper"));
+        let proxy_requests_hyper = path("hyper");
         let reaped = Counter::default();
         let oom_kills = Counter::default();
         let errors = Family::<KindLabel, Counter>::default();
@@ -131,7 +131,7 @@ impl Metrics {
         );
         registry.register(
             "proxy_requests",
-            "Proxied requests, by the path that served them (relay: the fast path; hyper: the rest)",
+            "Proxied requests (path: hyper, the one forwarding path)",
             proxy_requests,
         );
         registry.register(
@@ -211,8 +211,7 @@ impl Metrics {
             create_seconds,
             delete_seconds,
             proxy_seconds,
-            proxy_relayed,
-            proxy_via_hyper,
+            proxy_requests: proxy_requests_hyper,
             reaped,
             oom_kills,
             errors,

@@ -35,8 +35,7 @@ pub struct Eviction {
 
 impl Eviction {
     /// Waits for the eviction. It may be waited for again after a wait
-    /// that was dropped (a connection waits while the relay serves it,
-    /// then while hyper does), and resolves at once once evicted.
+    /// that was dropped, and resolves at once once evicted.
     pub async fn wait(&mut self) {
         if let Some(rx) = &mut self.rx {
             self.evicted = rx.await.is_ok();
@@ -123,8 +122,8 @@ mod tests {
         let (_, mut ec, n) = c.register();
         assert_eq!((n, c.len()), (0, 2));
         let ms = std::time::Duration::from_millis;
-        // A wait dropped before the eviction (the relay's, when hyper
-        // takes the connection over) leaves the next wait working.
+        // A wait dropped before the eviction leaves the next wait
+        // working.
         assert!(tokio::time::timeout(ms(20), ea.wait()).await.is_err());
         let (_, _ed, n) = c.register();
         assert_eq!(n, 1, "a, the oldest unauthenticated one, goes");

@@ -14,6 +14,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -28,7 +29,6 @@ mod fuzz_tests;
 mod list_tests;
 pub mod openapi;
 pub mod proxy;
-pub mod relay;
 pub mod routes;
 pub mod upstream;
 pub mod workers;
@@ -43,7 +43,8 @@ pub struct AppState {
     pub token: auth::Token,
     /// `PROVISIONER_PUBLIC_URL` without trailing slash.
     pub public_url: String,
-    /// Idle upstream connections of closed client connections (hyper's).
+    /// Idle upstream connections of closed client connections: the
+    /// proxy's one pool.
     pub upstream_pool: Arc<upstream::UpstreamPool<upstream::HyperConn>>,
     /// Connections that have not authenticated yet (capped, see [`conns`]).
     pub unauth: conns::UnauthConns,
@@ -119,7 +120,7 @@ impl Listener {
 
 /// Serves `listeners` until `shutdown` resolves, then stops accepting and
 /// gives in-flight requests up to `grace` to finish. Fails only when the
-/// relay's connection workers cannot be started.
+/// connection workers cannot be started.
 pub async fn serve(
     state: Arc<AppState>,
     listeners: Vec<Listener>,
@@ -130,13 +131,8 @@ pub async fn serve(
     // holds a receiver until it is gone.
     let (drain_tx, drain_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let workers = if state.proxy.relay {
-        let w = workers::ConnWorkers::start(state.proxy.workers)?;
-        debug!(workers = w.len(), "relay connection workers started");
-        Some(Arc::new(w))
-    } else {
-        None
-    };
+    let workers = Arc::new(workers::ConnWorkers::start(state.proxy.workers)?);
+    debug!(workers = workers.len(), "connection workers started");
     let server = Arc::new(Server {
         state,
         drain: drain_rx,
@@ -176,9 +172,7 @@ pub async fn serve(
     // Only the connections hold drain receivers now (the accept loops are
     // gone, and with them their clones of the server).
     drop(server);
-    if let Some(w) = &workers {
-        w.drain();
-    }
+    workers.drain();
     let _ = drain_tx.send(true);
     tokio::select! {
         _ = drain_tx.closed() => info!("in-flight requests finished"),
@@ -205,18 +199,20 @@ async fn accept(l: &Listener) -> std::io::Result<Conn> {
 struct Server {
     state: Arc<AppState>,
     drain: watch::Receiver<bool>,
-    /// Where the relay serves connections (none when the relay is off).
-    workers: Option<Arc<workers::ConnWorkers>>,
-    /// The daemon's runtime: hyper and the API handlers.
+    /// Where connections are served.
+    workers: Arc<workers::ConnWorkers>,
+    /// The daemon's runtime: the control API's handlers.
     main: tokio::runtime::Handle,
 }
 
-/// One accepted connection, whichever runtime serves it now.
+/// One accepted connection.
 struct ConnTask {
     state: Arc<AppState>,
     conn_id: u64,
     eviction: conns::Eviction,
-    drain: watch::Receiver<bool>,
+    /// The server's drain signal: held while the connection lives, so the
+    /// server sees when every connection is gone.
+    _drain: watch::Receiver<bool>,
 }
 
 impl Drop for ConnTask {
@@ -226,52 +222,31 @@ impl Drop for ConnTask {
 }
 
 impl Server {
+    /// Moves the connection to the least busy connection worker and
+    /// serves it there.
     fn spawn_conn<S: workers::Movable>(&self, stream: S) {
         let task = ConnTask::new(&self.state, &self.drain);
-        match &self.workers {
-            Some(w) => {
-                let worker = w.pick();
-                let main = self.main.clone();
-                let handle = worker.worker().handle().clone();
-                workers::move_to(&handle, stream, move |s| async move {
-                    let shutdown = worker.drain_signal();
-                    if let Some((task, s, read_ahead, authenticated)) =
-                        task.relay(s, worker, shutdown).await
-                    {
-                        workers::move_to(&main, s, move |s| {
-                            task.hyper(s, read_ahead, authenticated)
-                        });
-                    }
-                });
-            }
-            None => {
-                tokio::spawn(task.hyper(stream, bytes::BytesMut::new(), false));
-            }
-        }
+        let worker = self.workers.pick();
+        let main = self.main.clone();
+        let handle = worker.worker().handle().clone();
+        workers::move_to(&handle, stream, move |s| async move {
+            let shutdown = worker.drain_signal();
+            task.serve(s, main, shutdown).await;
+            drop(worker);
+        });
     }
 }
 
-/// Serves a connection on the current runtime, the relay first when it is
-/// on (tests: any stream, e.g. an in-memory duplex, none moved).
+/// Serves a connection on the current runtime, which also serves the
+/// control API (tests: any stream, e.g. an in-memory duplex).
 #[cfg(test)]
 fn spawn_conn<S>(state: &Arc<AppState>, drain: &watch::Receiver<bool>, stream: S)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let task = ConnTask::new(state, drain);
-    let relay = state.proxy.relay;
-    tokio::spawn(async move {
-        if !relay {
-            return task.hyper(stream, bytes::BytesMut::new(), false).await;
-        }
-        let shutdown = task.drain.clone();
-        if let Some((task, s, read_ahead, authenticated)) = task
-            .relay(stream, workers::Assigned::here(), shutdown)
-            .await
-        {
-            task.hyper(s, read_ahead, authenticated).await;
-        }
-    });
+    let shutdown = drain.clone();
+    tokio::spawn(task.serve(stream, tokio::runtime::Handle::current(), shutdown));
 }
 
 impl ConnTask {
@@ -290,79 +265,57 @@ impl ConnTask {
             state: state.clone(),
             conn_id,
             eviction,
-            drain: drain.clone(),
+            _drain: drain.clone(),
         }
     }
 
-    /// Serves the connection in the relay ([`relay`]) on `worker`'s
-    /// runtime, closing it between requests once `shutdown` is `true` (the
-    /// worker's copy of the drain signal; the connection still holds the
-    /// server's, so the server sees when it is gone). Returns what hyper
-    /// needs when the relay leaves a request to it (at the start of the
-    /// read-ahead), `None` when the connection is over.
-    async fn relay<S>(
-        mut self,
-        mut stream: S,
-        worker: workers::Assigned,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> Option<(ConnTask, S, bytes::BytesMut, bool)>
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
-        let mut read_ahead = bytes::BytesMut::new();
-        let mut relay = relay::Relay::new(self.state.clone(), self.conn_id, worker);
-        let end = tokio::select! {
-            end = relay.serve(&mut stream, &mut read_ahead, &mut shutdown) => end,
-            () = self.eviction.wait() => return None,
-        };
-        if end == relay::End::Closed {
-            return None;
-        }
-        // The relay's kept upstream connections are parked with its
-        // worker as it goes.
-        let authenticated = relay.authenticated();
-        Some((self, stream, read_ahead, authenticated))
-    }
-
-    /// Serves the connection with hyper from the request at the start of
-    /// `read_ahead` on.
-    async fn hyper<S>(mut self, stream: S, read_ahead: bytes::BytesMut, authenticated: bool)
+    /// Serves the connection with hyper on the current runtime (a
+    /// connection worker's) until it closes, is evicted, or `shutdown`
+    /// becomes `true` (then the request in progress finishes first).
+    /// Control requests run on `main`.
+    async fn serve<S>(mut self, stream: S, main: Handle, mut shutdown: watch::Receiver<bool>)
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (id, state) = (self.conn_id, &self.state);
         tokio::select! {
-            () = serve_hyper(state, stream, read_ahead, authenticated, id, &mut self.drain) => {}
+            () = serve_hyper(state, stream, main, id, &mut shutdown) => {}
             () = self.eviction.wait() => {}
         }
     }
 }
 
-/// Serves one connection with hyper, from the request at the start of
-/// `read_ahead` on (the relay left it, or the relay is off).
+/// How long a connection may take to send a request head, and sit idle
+/// between requests.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves one connection with hyper.
 async fn serve_hyper<S>(
     state: &Arc<AppState>,
     stream: S,
-    read_ahead: bytes::BytesMut,
-    authenticated: bool,
+    main: Handle,
     conn_id: u64,
     drain: &mut watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let svc_state = state.clone();
-    // This connection's upstream connections, driven by its own task.
-    let upstreams = Arc::new(upstream::ConnUpstreams::new(state.upstream_pool.clone()));
+    // This connection's upstream connections, driven by its own task, and
+    // what it keeps of the sandbox it talks to.
+    let upstreams = Arc::new(upstream::ConnUpstreams::new(
+        state.upstream_pool.clone(),
+        main,
+    ));
     let svc_upstreams = upstreams.clone();
     // Set once the connection made an authenticated request: it left the
     // unauthenticated set, and later requests need not look again.
-    let authenticated = AtomicBool::new(authenticated);
+    let authenticated = AtomicBool::new(false);
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(relay::HEADER_READ_TIMEOUT)
+        .header_read_timeout(HEADER_READ_TIMEOUT)
         .keep_alive(true)
         .serve_connection(
-            TokioIo::new(relay::Prefixed::new(read_ahead.freeze(), stream)),
+            TokioIo::new(stream),
             service_fn(move |req| {
                 if !authenticated.load(Ordering::Relaxed)
                     && svc_state.token.check(
@@ -376,7 +329,8 @@ async fn serve_hyper<S>(
                 }
                 routes::handle(svc_state.clone(), svc_upstreams.clone(), req)
             }),
-        );
+        )
+        .with_upgrades();
     // Graceful shutdown: the request in progress finishes, then the
     // connection closes.
     let conn = async move {

@@ -18,9 +18,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -28,15 +29,16 @@ use http::{Request, Response, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 
 use super::error::ApiError;
-use super::upstream::{ConnUpstreams, UpstreamError};
+use super::upstream::{self, lock, ConnUpstreams, UpstreamError};
 use super::RespBody;
 use crate::lifecycle::{Lifecycle, ProxyPin};
+use crate::model::SandboxRecord;
 
 /// The header names the proxy tells apart, as [`known`] classifies them:
-/// which it never forwards, never copies back, or frames itself (both the
-/// relay and the hyper path decide by it).
+/// which it never forwards, never copies back, or frames itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Known {
     Authorization,
@@ -57,9 +59,9 @@ pub(super) enum Known {
     Other,
 }
 
-/// Classifies a header name (ASCII case-insensitive) in one pass: the
-/// relay's per-header check, instead of comparing each name against each
-/// list. Only names of a known length are compared at all.
+/// Classifies a header name (ASCII case-insensitive) in one pass, instead
+/// of comparing each name against each list. Only names of a known length
+/// are compared at all.
 pub(super) fn known(name: &str) -> Known {
     let b = name.as_bytes();
     let is = |n: &str| b.eq_ignore_ascii_case(n.as_bytes());
@@ -127,10 +129,8 @@ pub struct ProxySettings {
     pub head_timeout: Duration,
     /// Longest pause between two frames of a response body.
     pub body_idle_timeout: Duration,
-    /// Plain proxied requests go through the relay ([`super::relay`]).
-    pub relay: bool,
-    /// The relay's connection workers ([`super::workers`]): as many as the
-    /// daemon has tokio workers.
+    /// The connection workers ([`super::workers`]): as many as the daemon
+    /// has tokio workers.
     pub workers: usize,
 }
 
@@ -140,7 +140,6 @@ impl ProxySettings {
             response_headers: cfg.proxy.response_header_names()?,
             head_timeout: Duration::from_secs(cfg.proxy_head_timeout_seconds()),
             body_idle_timeout: Duration::from_secs(cfg.proxy.body_idle_timeout_seconds),
-            relay: cfg.proxy.relay,
             workers: cfg
                 .worker_threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
@@ -172,6 +171,10 @@ fn allowed_response_headers(headers: &mut HeaderMap, allowed: &[HeaderName]) {
 pub struct UpstreamBody {
     inner: Incoming,
     sent: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Set when the client's body failed (malformed chunked framing, a
+    /// connection cut mid-body): the request failed through the client's
+    /// fault, not the sandbox's.
+    failed: Arc<AtomicBool>,
 }
 
 impl HttpBody for UpstreamBody {
@@ -183,9 +186,11 @@ impl HttpBody for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(None) = polled {
+        match &polled {
             // Dropping the sender wakes the receiver.
-            self.sent.take();
+            Poll::Ready(None) => drop(self.sent.take()),
+            Poll::Ready(Some(Err(_))) => self.failed.store(true, Ordering::Relaxed),
+            _ => {}
         }
         polled
     }
@@ -216,6 +221,8 @@ pub enum StreamError {
 /// delete cancels it or when it stalls, and marks activity when it ends.
 struct PinnedBody {
     inner: Incoming,
+    /// The frame that came with the head, passed on first.
+    first: Option<Frame<Bytes>>,
     /// Taken when the response is over.
     pin: Option<ProxyPin>,
     cancelled: Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -228,9 +235,10 @@ struct PinnedBody {
 }
 
 impl PinnedBody {
-    fn new(inner: Incoming, pin: ProxyPin, idle: Duration) -> Self {
+    fn new(inner: Incoming, first: Option<Frame<Bytes>>, pin: ProxyPin, idle: Duration) -> Self {
         PinnedBody {
             inner,
+            first,
             cancelled: Box::pin(pin.cancellation()),
             pin: Some(pin),
             idle,
@@ -268,6 +276,9 @@ impl HttpBody for PinnedBody {
         let this = &mut *self;
         if this.pin.is_none() {
             return Poll::Ready(None);
+        }
+        if let Some(f) = this.first.take() {
+            return Poll::Ready(Some(Ok(f)));
         }
         if this.cancelled.as_mut().poll(cx).is_ready() {
             let id = this.id();
@@ -309,11 +320,26 @@ impl HttpBody for PinnedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.pin.is_none() || self.inner.is_end_stream()
+        self.pin.is_none() || (self.first.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        let Some(n) = self
+            .first
+            .as_ref()
+            .and_then(|f| f.data_ref())
+            .map(|d| d.len() as u64)
+        else {
+            return inner;
+        };
+        // The frame taken out first counts too.
+        let mut hint = SizeHint::new();
+        if let Some(u) = inner.upper() {
+            hint.set_upper(u + n);
+        }
+        hint.set_lower(inner.lower() + n);
+        hint
     }
 }
 
@@ -344,25 +370,117 @@ fn filter_headers(headers: &mut HeaderMap, drop: fn(Known) -> bool) {
     }
 }
 
+/// What every request forwarded to one incarnation carries: the backend's
+/// path prefix and the agent credential (both fixed for an incarnation;
+/// read once per incarnation and client connection).
+pub struct Incarnation {
+    /// The record it was read for (the same `Arc` while the connection's
+    /// pin cache holds that incarnation).
+    record: Arc<SandboxRecord>,
+    prefix: String,
+    credential: Option<HeaderValue>,
+}
+
+impl Incarnation {
+    async fn of(lc: &Lifecycle, record: &Arc<SandboxRecord>) -> Result<Self, ApiError> {
+        let credential = match lc
+            .backend()
+            .agent_credential(record)
+            .await
+            .map_err(crate::lifecycle::LifecycleError::from)?
+        {
+            Some(c) => {
+                let mut v = HeaderValue::from_str(&c.0).map_err(|_| {
+                    ApiError::BadGateway(format!(
+                        "sandbox {}: unusable agent credential",
+                        record.sandbox_id
+                    ))
+                })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(Incarnation {
+            record: record.clone(),
+            prefix: lc.backend().path_prefix(record),
+            credential,
+        })
+    }
+}
+
+/// Whether a request asks to switch protocols: an `Upgrade` header that
+/// its `Connection` header names (RFC 9110 §7.8).
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
+}
+
+/// Response headers of a `101` passed back besides the allowed ones: what
+/// the client needs to finish the switch (a WebSocket handshake's).
+const UPGRADE_RESPONSE_HEADERS: [&str; 4] = [
+    "upgrade",
+    "sec-websocket-accept",
+    "sec-websocket-protocol",
+    "sec-websocket-extensions",
+];
+
+/// Admits a proxied request for `id` with the client connection's pin
+/// cache.
+async fn admit(lc: &Lifecycle, conn: &ConnUpstreams, id: &str) -> Result<ProxyPin, ApiError> {
+    let mut cache = lock(&conn.pins).take();
+    let pinned = lc.pin_cached(id, &mut cache).await;
+    *lock(&conn.pins) = cache;
+    Ok(pinned?)
+}
+
+/// The first frame of a response body when it is there at once (it came
+/// with the head): `None` when the body has to be waited for.
+async fn ready_frame(body: &mut Incoming) -> Option<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    // Once more after the connection's task went round (the upstream
+    // connection decodes what it read with the head when polled again).
+    for _ in 0..2 {
+        if let Poll::Ready(f) = futures_util::poll!(body.frame()) {
+            return Some(f);
+        }
+        tokio::task::yield_now().await;
+    }
+    None
+}
+
 /// Proxies `req` to sandbox `id` at `/{rest}?{query}`, on an upstream
-/// connection of the client connection's `upstreams`.
+/// connection of the client connection's `conn`.
 pub async fn forward(
     lifecycle: &Arc<Lifecycle>,
-    upstreams: &ConnUpstreams,
+    conn: &ConnUpstreams,
     settings: &ProxySettings,
     id: &str,
     rest: &str,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<RespBody>, ApiError> {
-    lifecycle.metrics().proxy_via_hyper.inc();
-    let pin = lifecycle.pin(id).await?;
+    lifecycle.metrics().proxy_requests.inc();
+    let pin = admit(lifecycle, conn, id).await?;
     let record = &pin.record;
     tracing::Span::current().record("generation", record.generation.as_str());
-    let prefix = lifecycle.backend().path_prefix(record);
+    let cached = lock(&conn.incarnation)
+        .clone()
+        .filter(|i| Arc::ptr_eq(&i.record, record));
+    let inc = match cached {
+        Some(i) => i,
+        None => {
+            let i = Arc::new(Incarnation::of(lifecycle, record).await?);
+            *lock(&conn.incarnation) = Some(i.clone());
+            i
+        }
+    };
     let query = req.uri().query();
     let mut path_and_query =
-        String::with_capacity(prefix.len() + 1 + rest.len() + query.map_or(0, |q| q.len() + 1));
-    path_and_query.push_str(&prefix);
+        String::with_capacity(inc.prefix.len() + 1 + rest.len() + query.map_or(0, |q| q.len() + 1));
+    path_and_query.push_str(&inc.prefix);
     path_and_query.push('/');
     path_and_query.push_str(rest);
     if let Some(q) = query {
@@ -373,6 +491,13 @@ pub async fn forward(
     let uri = Uri::try_from(path_and_query)
         .map_err(|e| ApiError::BadRequest(format!("cannot proxy to this path: {e}")))?;
 
+    // An upgrade (a WebSocket, say) is forwarded as one: the sandbox sees
+    // `Upgrade` and `Connection: upgrade`, and after its `101` both
+    // connections are joined.
+    let upgrade = wants_upgrade(req.headers()).then(|| {
+        let protocol = req.headers().get(header::UPGRADE).cloned();
+        (hyper::upgrade::on(&mut req), protocol)
+    });
     let (mut parts, body) = req.into_parts();
     filter_headers(&mut parts.headers, Known::dropped_from_requests);
     parts.headers.remove(header::CONTENT_LENGTH);
@@ -381,51 +506,70 @@ pub async fn forward(
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     }
+    if let Some((_, Some(protocol))) = &upgrade {
+        parts.headers.insert(header::UPGRADE, protocol.clone());
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
     parts
         .headers
         .insert(header::HOST, HeaderValue::from_static("localhost"));
     // The incarnation's agent credential, for backends that have one.
-    if let Some(c) = lifecycle
-        .backend()
-        .agent_credential(record)
-        .await
-        .map_err(crate::lifecycle::LifecycleError::from)?
-    {
-        let mut v = HeaderValue::from_str(&c.0).map_err(|_| {
-            ApiError::BadGateway(format!("sandbox {id}: unusable agent credential"))
-        })?;
-        v.set_sensitive(true);
-        parts.headers.insert(sandbox_abi::credential::HEADER, v);
+    if let Some(c) = &inc.credential {
+        parts
+            .headers
+            .insert(sandbox_abi::credential::HEADER, c.clone());
     }
     parts.uri = uri;
     parts.version = http::Version::HTTP_11;
     let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+    let client_failed = Arc::new(AtomicBool::new(false));
     let body = UpstreamBody {
         inner: body,
         sent: Some(sent_tx),
+        failed: client_failed.clone(),
     };
     let upstream_req = Request::from_parts(parts, body);
 
-    let started = Instant::now();
+    let started = pin.admitted();
     let head_timeout = settings.head_timeout;
     let head_deadline = async move {
         // Resolves (with an error) when the request body is dropped.
         let _ = sent_rx.await;
         tokio::time::sleep(head_timeout).await;
     };
-    let send = upstreams.send(
-        lifecycle,
-        &record.sandbox_id,
-        &record.generation,
-        upstream_req,
-    );
+    let send = async {
+        if upgrade.is_some() {
+            upstream::send_upgrade(
+                lifecycle,
+                &record.sandbox_id,
+                &record.generation,
+                upstream_req,
+            )
+            .await
+        } else {
+            conn.send(
+                lifecycle,
+                &record.sandbox_id,
+                &record.generation,
+                upstream_req,
+            )
+            .await
+        }
+    };
     let resp = tokio::select! {
         r = send => r.map_err(|e| {
             let msg = match e {
                 UpstreamError::Connect(e) => e.to_string(),
                 UpstreamError::Http(m) => m,
             };
-            ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
+            // The client's body broke (a malformed chunk, say): its fault.
+            if client_failed.load(Ordering::Relaxed) {
+                ApiError::BadRequest(format!("cannot read the request body: {msg}"))
+            } else {
+                ApiError::BadGateway(format!("sandbox {id} unreachable: {msg}"))
+            }
         })?,
         _ = head_deadline => {
             return Err(ApiError::GatewayTimeout(format!(
@@ -444,20 +588,107 @@ pub async fn forward(
         .proxy_seconds
         .observe(started.elapsed().as_secs_f64());
 
-    // The forwarded request never asks for an upgrade (`Upgrade` is not
-    // forwarded): a `101` would switch the client's connection to a
-    // protocol nobody agreed on.
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-        return Err(ApiError::BadGateway(format!(
-            "sandbox {id} unreachable: an upgrade nobody asked for"
-        )));
+        let Some((client, _)) = upgrade else {
+            // The forwarded request asked for no upgrade: a `101` would
+            // switch the client's connection to a protocol nobody agreed
+            // on.
+            return Err(ApiError::BadGateway(format!(
+                "sandbox {id} unreachable: an upgrade nobody asked for"
+            )));
+        };
+        return Ok(tunnel(resp, client, pin, &settings.response_headers));
     }
-    let (mut parts, body) = resp.into_parts();
+    let (mut parts, mut body) = resp.into_parts();
+    // A body that breaks in what came with the head is a 502 before the
+    // head, not a cut response.
+    let first = match ready_frame(&mut body).await {
+        Some(Some(Err(e))) => {
+            return Err(ApiError::BadGateway(format!(
+                "sandbox {id} unreachable: broken response body: {}",
+                upstream::describe(&e)
+            )))
+        }
+        Some(Some(Ok(f))) => Some(f),
+        Some(None) | None => None,
+    };
     allowed_response_headers(&mut parts.headers, &settings.response_headers);
-    let body = PinnedBody::new(body, pin, settings.body_idle_timeout)
+    let body = PinnedBody::new(body, first, pin, settings.body_idle_timeout)
         .map_err(|e| Box::new(e) as super::BoxError)
         .boxed_unsync();
     Ok(Response::from_parts(parts, body))
+}
+
+/// The client's answer to a sandbox's `101` to an upgrade request: the
+/// switch, with the allowed headers and those the switch needs; both
+/// connections are then joined, in a task that holds the pin: a delete
+/// waits for it like for any request, and cancels it when its grace runs
+/// out.
+fn tunnel(
+    mut resp: Response<Incoming>,
+    client: hyper::upgrade::OnUpgrade,
+    pin: ProxyPin,
+    allowed: &[HeaderName],
+) -> Response<RespBody> {
+    let sandbox = hyper::upgrade::on(&mut resp);
+    let upgrade_headers: Vec<(HeaderName, HeaderValue)> = resp
+        .headers()
+        .iter()
+        .filter(|(n, _)| UPGRADE_RESPONSE_HEADERS.contains(&n.as_str()))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    let (mut parts, _) = resp.into_parts();
+    allowed_response_headers(&mut parts.headers, allowed);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (n, v) in upgrade_headers {
+        parts.headers.append(n, v);
+    }
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    let id = pin.record.sandbox_id.clone();
+    tokio::spawn(async move {
+        let cancelled = pin.cancellation();
+        let joined = async {
+            let (client, sandbox) = match tokio::try_join!(client, sandbox) {
+                Ok(both) => both,
+                Err(e) => {
+                    tracing::debug!(sandbox_id = %id, error = %e, "upgrade not completed");
+                    return;
+                }
+            };
+            join(TokioIo::new(client), TokioIo::new(sandbox)).await;
+        };
+        tokio::select! {
+            () = joined => {}
+            () = cancelled => {
+                tracing::debug!(sandbox_id = %id, "upgraded connection cut: the sandbox is being deleted");
+            }
+        }
+        if !pin.is_cancelled() {
+            pin.touch();
+        }
+    });
+    Response::from_parts(parts, super::routes::full(Bytes::new()))
+}
+
+/// Copies both ways between two upgraded connections until either side
+/// closes (or fails); then both are closed.
+async fn join<A, B>(a: A, b: B)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    tokio::select! {
+        _ = tokio::io::copy(&mut ar, &mut bw) => {
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut bw).await;
+        }
+        _ = tokio::io::copy(&mut br, &mut aw) => {
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut aw).await;
+        }
+    }
 }
 
 #[cfg(test)]

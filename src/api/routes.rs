@@ -244,7 +244,9 @@ pub(super) fn failure(
     error_response(e)
 }
 
-/// The hyper service function.
+/// The hyper service function. Proxied requests are served where the
+/// connection is (a connection worker), every other route on the daemon's
+/// runtime.
 pub async fn handle(
     state: Arc<AppState>,
     upstreams: Arc<ConnUpstreams>,
@@ -253,7 +255,18 @@ pub async fn handle(
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let resp = match route(&state, &upstreams, req).await {
+    let routed = if matches!(Route::parse(&path), Some(Route::Proxy(..))) {
+        route(&state, &upstreams, req).await
+    } else {
+        let (state, upstreams) = (state.clone(), upstreams.clone());
+        let main = upstreams.main.clone();
+        let handler = async move { route(&state, &upstreams, req).await }.in_current_span();
+        main.spawn(handler).await.unwrap_or_else(|e| {
+            let e = crate::backend::BackendError::Internal(format!("request handler failed: {e}"));
+            Err(ApiError::Lifecycle(e.into()))
+        })
+    };
+    let resp = match routed {
         Ok(r) => r,
         Err(e) => failure(&state, &method, &path, &e),
     };

@@ -55,8 +55,8 @@ pub const PARKED_IDLE: Duration = Duration::from_secs(30);
 type Sender = http1::SendRequest<UpstreamBody>;
 type Connection = http1::Connection<TokioIo<TcpStream>, UpstreamBody>;
 
-/// One upstream connection to a sandbox incarnation: `C` is a hyper
-/// client connection ([`HyperConn`]) or, for the relay, the raw stream.
+/// One upstream connection to a sandbox incarnation (`C`: a hyper client
+/// connection, [`HyperConn`]).
 pub struct Upstream<C> {
     pub id: String,
     pub generation: String,
@@ -91,29 +91,19 @@ pub struct HyperConn {
 /// sandbox closed (deleted, or its server's keep-alive ran out) cannot, and
 /// is not kept or parked.
 pub trait Reusable {
-    fn reusable(&self) -> bool;
+    fn reusable(&mut self) -> bool;
 }
 
 impl Reusable for HyperConn {
-    fn reusable(&self) -> bool {
-        self.sender.is_ready()
-    }
-}
-
-impl Reusable for TcpStream {
-    /// Still open with nothing unread (a sandbox that wrote out of turn is
-    /// not trusted with the next request). No system call while the socket
-    /// has not become readable.
-    fn reusable(&self) -> bool {
-        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
-        match self.poll_read_ready(&mut cx) {
-            std::task::Poll::Pending => true,
-            std::task::Poll::Ready(Err(_)) => false,
-            std::task::Poll::Ready(Ok(())) => {
-                let mut b = [0u8; 1];
-                matches!(self.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-            }
+    /// A parked connection is not driven: its connection future is polled
+    /// once here (no system call unless its socket became ready), so one
+    /// the sandbox closed is noticed now, not when it expires.
+    fn reusable(&mut self) -> bool {
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        if self.conn.as_mut().poll(&mut cx).is_ready() {
+            return false;
         }
+        self.sender.is_ready()
     }
 }
 
@@ -130,7 +120,7 @@ pub fn keep<C>(ups: &mut Vec<Upstream<C>>, u: Upstream<C>) {
     ups.push(u);
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -145,14 +135,46 @@ pub enum UpstreamError {
 
 impl UpstreamError {
     fn http(e: &hyper::Error) -> Self {
-        let mut msg = e.to_string();
-        let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
-        while let Some(s) = src {
-            msg = format!("{msg}: {s}");
-            src = s.source();
-        }
-        UpstreamError::Http(msg)
+        UpstreamError::Http(describe(e))
     }
+}
+
+/// A hyper error with its causes.
+pub fn describe(e: &hyper::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    msg
+}
+
+/// Sends an upgrade request (`Upgrade` and `Connection: upgrade` set) to
+/// the incarnation on a connection of its own, which an accepted upgrade
+/// takes over (it is never kept or parked); the connection is driven by a
+/// task of its own until then.
+pub async fn send_upgrade(
+    lifecycle: &Lifecycle,
+    id: &str,
+    generation: &str,
+    req: Request<UpstreamBody>,
+) -> Result<Response<Incoming>, UpstreamError> {
+    let stream = lifecycle.connect(id, generation).await?.stream;
+    let (mut sender, conn) = http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| UpstreamError::http(&e))?;
+    let id = id.to_string();
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(sandbox_id = %id, error = %e, "upstream connection failed");
+        }
+    });
+    sender
+        .send_request(req)
+        .await
+        .map_err(|e| UpstreamError::http(&e))
 }
 
 /// Idle upstream connections of closed client connections.
@@ -169,7 +191,7 @@ impl<C> Default for UpstreamPool<C> {
 }
 
 /// Whether a parked connection is still worth keeping.
-fn worth_keeping<C: Reusable>(u: &Upstream<C>) -> bool {
+fn worth_keeping<C: Reusable>(u: &mut Upstream<C>) -> bool {
     u.last_used.elapsed() < PARKED_IDLE && u.conn.reusable()
 }
 
@@ -179,15 +201,18 @@ impl<C: Reusable> UpstreamPool<C> {
     /// meanwhile) go on the way.
     pub fn take(&self, id: &str, generation: &str) -> Option<Upstream<C>> {
         let mut parked = lock(&self.parked);
-        parked.retain(worth_keeping);
+        parked.retain_mut(worth_keeping);
         let i = parked.iter().rposition(|u| u.is(id, generation))?;
         Some(parked.swap_remove(i))
     }
 
     pub fn park(&self, ups: impl Iterator<Item = Upstream<C>>) {
         let mut parked = lock(&self.parked);
-        parked.retain(worth_keeping);
-        for mut u in ups.filter(|u| u.conn.reusable()) {
+        parked.retain_mut(worth_keeping);
+        for mut u in ups {
+            if !u.conn.reusable() {
+                continue;
+            }
             let same = parked.iter().filter(|p| p.is(&u.id, &u.generation)).count();
             if same >= PARKED_PER_INCARNATION {
                 continue;
@@ -215,6 +240,15 @@ impl<C: Reusable> UpstreamPool<C> {
 pub struct ConnUpstreams {
     ups: Mutex<Vec<Upstream<HyperConn>>>,
     pool: Arc<UpstreamPool<HyperConn>>,
+    /// The daemon's runtime, where the control API's handlers run (the
+    /// connection itself is served on a connection worker).
+    pub main: tokio::runtime::Handle,
+    /// What admits the connection's next proxied request to the sandbox of
+    /// its last one without a lock shared by all requests
+    /// ([`Lifecycle::pin_cached`]).
+    pub pins: Mutex<Option<crate::lifecycle::PinCache>>,
+    /// What the requests forwarded to the last incarnation carry.
+    pub incarnation: Mutex<Option<Arc<super::proxy::Incarnation>>>,
 }
 
 /// Whether [`ConnUpstreams::checkout`] found a ready connection.
@@ -224,10 +258,13 @@ enum Lookup {
 }
 
 impl ConnUpstreams {
-    pub fn new(pool: Arc<UpstreamPool<HyperConn>>) -> Self {
+    pub fn new(pool: Arc<UpstreamPool<HyperConn>>, main: tokio::runtime::Handle) -> Self {
         ConnUpstreams {
             ups: Mutex::new(Vec::new()),
             pool,
+            main,
+            pins: Mutex::new(None),
+            incarnation: Mutex::new(None),
         }
     }
 
@@ -502,16 +539,20 @@ mod tests {
     }
 
     /// `side` driven with no upstream connections, and a waker that
-    /// counts the task's wake-ups.
+    /// counts the task's wake-ups (on a runtime: the connection's state
+    /// keeps the daemon runtime's handle).
     fn driven(side: Side) -> (Pin<Box<Driven<Side>>>, Arc<Count>, Waker) {
-        let ups = Arc::new(ConnUpstreams::new(Arc::new(UpstreamPool::default())));
+        let ups = Arc::new(ConnUpstreams::new(
+            Arc::new(UpstreamPool::default()),
+            tokio::runtime::Handle::current(),
+        ));
         let count = Arc::new(Count::default());
         let outer = Waker::from(count.clone());
         (Box::pin(Driven::new(side, ups)), count, outer)
     }
 
-    #[test]
-    fn wake_ups_inside_a_poll_go_round_and_those_from_outside_wake_the_task() {
+    #[tokio::test]
+    async fn wake_ups_inside_a_poll_go_round_and_those_from_outside_wake_the_task() {
         let kept = Arc::new(Mutex::new(None));
         let side = Side {
             inside: 3,
@@ -532,8 +573,8 @@ mod tests {
         assert_eq!(driven.as_mut().poll(&mut cx), Poll::Ready(5));
     }
 
-    #[test]
-    fn a_side_that_never_settles_yields_after_the_rounds() {
+    #[tokio::test]
+    async fn a_side_that_never_settles_yields_after_the_rounds() {
         let side = Side {
             inside: usize::MAX,
             polls: 0,

@@ -1,36 +1,28 @@
-//! Connection workers: where the relay ([`super::relay`]) serves its
-//! connections.
+//! Connection workers: where client connections are served.
 //!
 //! Each worker is a thread running its own current-thread tokio runtime,
-//! with its own I/O driver, and its own pool of idle upstream connections.
-//! An accepted connection is handed to the worker serving the fewest
-//! connections and stays there while the relay serves it, together with its
-//! upstream connections (registered with that worker's driver). So the
-//! relay's requests never wait for another thread: the worker that sleeps
-//! in `epoll_wait` is the one whose connection became ready, as in a
+//! with its own I/O driver. An accepted connection is handed to the worker
+//! serving the fewest connections and stays there with hyper's server for
+//! it and its upstream connections (registered with that worker's driver,
+//! driven by the connection's own task, [`super::upstream`]). So a proxied
+//! request never waits for another thread: the worker that sleeps in
+//! `epoll_wait` is the one whose connection became ready, as in a
 //! worker-per-core proxy. On the daemon's multi-thread runtime one thread
 //! at a time polls the I/O driver and wakes the others through a futex to
-//! share the work: at 8 connections the relay there measured 0.98× nginx
-//! with about a tenth of the CPU left idle, against 1.07–1.10× on the
-//! workers (`docs/performance.md`).
+//! share the work (`docs/performance.md`).
 //!
-//! A connection whose request the relay does not serve goes back to the
-//! daemon's runtime for hyper and the API handlers (which may wait on
-//! launches and locks); the stream is moved by deregistering it from one
-//! driver and registering it with the other, once per connection.
+//! The control API's handlers (which may wait on launches and locks, or
+//! do blocking work) run on the daemon's runtime; only proxied requests are
+//! served on the worker.
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
-use tracing::{debug, warn};
-
-use super::relay::RawPool;
-use super::upstream::Upstream;
+use tracing::warn;
 
 /// A stream that can leave one runtime's I/O driver for another's.
 pub trait Movable: AsyncRead + AsyncWrite + Send + Unpin + Sized + 'static {
@@ -64,9 +56,6 @@ impl Movable for tokio::net::UnixStream {
 /// One worker: its runtime's handle and what belongs to it.
 pub struct Worker {
     handle: Handle,
-    /// Idle upstream connections of its closed client connections,
-    /// registered with this worker's driver.
-    pool: RawPool,
     /// Connections it serves now.
     conns: AtomicUsize,
     /// `true` once the server drains: what its connections watch between
@@ -79,7 +68,6 @@ impl Worker {
     fn new(handle: Handle) -> Worker {
         Worker {
             handle,
-            pool: RawPool::default(),
             conns: AtomicUsize::new(0),
             drain: watch::channel(false).0,
         }
@@ -106,46 +94,9 @@ impl Assigned {
         &self.all[self.index]
     }
 
-    /// A worker of its own on the current runtime (tests that serve a
-    /// connection where they run).
-    #[cfg(test)]
-    pub fn here() -> Assigned {
-        Assigned::new(Arc::from([Worker::new(Handle::current())]), 0)
-    }
-
-    /// A parked connection to this incarnation: from this worker's pool,
-    /// else from another worker's, moved to this worker's driver (cheaper
-    /// than a new connection; a client that opens a connection per request
-    /// may land on any worker). Must be called on this worker's runtime.
-    pub fn take_parked(&self, id: &str, generation: &str) -> Option<Upstream<TcpStream>> {
-        if let Some(u) = self.worker().pool.take(id, generation) {
-            return Some(u);
-        }
-        let others = self
-            .all
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != self.index);
-        for (_, w) in others {
-            let Some(u) = w.pool.take(id, generation) else {
-                continue;
-            };
-            match u.conn.into_std().and_then(TcpStream::from_std) {
-                Ok(conn) => return Some(Upstream { conn, ..u }),
-                Err(e) => debug!(error = %e, "cannot move a parked upstream connection; dropped"),
-            }
-        }
-        None
-    }
-
     /// What says the server drains, for this worker's connections.
     pub fn drain_signal(&self) -> watch::Receiver<bool> {
         self.worker().drain.subscribe()
-    }
-
-    /// Parks idle upstream connections with this worker.
-    pub fn park(&self, ups: impl Iterator<Item = Upstream<TcpStream>>) {
-        self.worker().pool.park(ups);
     }
 }
 
@@ -189,10 +140,8 @@ impl ConnWorkers {
         })
     }
 
-    /// The worker serving the fewest connections (the first of those:
-    /// connections one after another go to the same worker and find the
-    /// upstream connections their predecessors parked there), counted as
-    /// serving one more until the returned guard drops.
+    /// The worker serving the fewest connections (the first of those),
+    /// counted as serving one more until the returned guard drops.
     pub fn pick(&self) -> Assigned {
         let index = (0..self.workers.len())
             .min_by_key(|&i| self.workers[i].conns.load(Ordering::Relaxed))
@@ -299,43 +248,6 @@ mod tests {
         let name = rx.await.unwrap();
         assert_eq!(name.as_deref(), Some("sandboxd-conn-0"));
         assert_eq!(client.await.unwrap(), "ping");
-    }
-
-    #[tokio::test]
-    async fn a_parked_connection_moves_to_the_worker_that_takes_it() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let w = ConnWorkers::start(2).unwrap();
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        // An echo upstream.
-        tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            let mut b = [0u8; 64];
-            while let Ok(n @ 1..) = s.read(&mut b).await {
-                s.write_all(&b[..n]).await.unwrap();
-            }
-        });
-        let (a, b) = (w.pick(), w.pick());
-        assert_eq!((a.index, b.index), (0, 1));
-        let (tx, rx) = oneshot::channel();
-        a.worker().handle().clone().spawn(async move {
-            let c = TcpStream::connect(addr).await.unwrap();
-            a.park(std::iter::once(Upstream::new("x", "g1", c)));
-            let _ = tx.send(());
-        });
-        rx.await.unwrap();
-        assert_eq!(w.workers[0].pool.parked(), 1);
-        let (tx, rx) = oneshot::channel();
-        b.worker().handle().clone().spawn(async move {
-            assert!(b.take_parked("x", "g2").is_none(), "another incarnation's");
-            let mut u = b.take_parked("x", "g1").expect("taken from worker 0");
-            u.conn.write_all(b"hi").await.unwrap();
-            let mut got = [0u8; 2];
-            u.conn.read_exact(&mut got).await.unwrap();
-            let _ = tx.send(got);
-        });
-        assert_eq!(&rx.await.unwrap(), b"hi", "and works on worker 1");
-        assert_eq!(w.workers[0].pool.parked(), 0);
     }
 
     #[tokio::test]

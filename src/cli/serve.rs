@@ -381,7 +381,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         Duration::from_secs(cfg.shutdown_grace_seconds),
     )
     .await
-    .context("cannot start the relay's connection workers")?;
+    .context("cannot start the connection workers")?;
     backend_handle.shutdown().await;
     if cfg.stop_sandboxes_on_exit {
         info!(
