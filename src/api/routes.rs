@@ -262,7 +262,9 @@ pub async fn handle(
         let main = upstreams.main.clone();
         let handler = async move { route(&state, &upstreams, req).await }.in_current_span();
         main.spawn(handler).await.unwrap_or_else(|e| {
-            let e = crate::backend::BackendError::Internal(format!("request handler failed: {e}"));
+            let e = crate::backend::BackendError::Internal(
+                format!("request handler failed: {e}").into(),
+            );
             Err(ApiError::Lifecycle(e.into()))
         })
     };
