@@ -625,7 +625,9 @@ pub const USERNS_SLOT: u32 = 65536;
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
     /// Sandboxes kept started but bound to no user, for the default image
-    /// and network mode (`SANDBOXD_POOL_SIZE`; 0 disables the pool).
+    /// and network mode (`SANDBOXD_POOL_SIZE`). Default 0: the pool is off,
+    /// and every sandbox is started cold; a claimed member differs from a
+    /// cold sandbox inside (`docs/architecture.md#warm-pool`, "What differs").
     pub size: usize,
     /// How many pool members are started at once while refilling.
     pub refill_concurrency: usize,
@@ -654,7 +656,7 @@ pub const MAX_POOL_SIZE: usize = 256;
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
-            size: 2,
+            size: 0,
             refill_concurrency: 1,
             extra: Vec::new(),
         }
@@ -1247,7 +1249,11 @@ mod tests {
         c.validate().unwrap();
         let c = Config::load(Some(&p), &env(&[("SANDBOXD_POOL_SIZE", "0")])).unwrap();
         assert_eq!(c.pool.size, 0);
-        assert_eq!(Config::default().pool.size, 2);
+        // Off unless asked for: a claimed member is not a cold sandbox.
+        let d = Config::load(None, &env(&[])).unwrap();
+        assert_eq!((d.pool.size, d.pool.extra.len()), (0, 0));
+        let c = Config::load(None, &env(&[("SANDBOXD_POOL_SIZE", "2")])).unwrap();
+        assert_eq!(c.pool.size, 2);
         // An extra pool's image must be one a create may name.
         std::fs::write(
             &p,

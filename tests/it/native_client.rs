@@ -4,7 +4,8 @@
 //! token as a header), with `tests/py/agent_client_check.py`: exec (output,
 //! exit code, timeout), write, ranged read, list, find, str_replace_editor,
 //! upload and byte-exact download. The sandbox is a claimed warm-pool
-//! member (`[pool] size = 1`), the default path of a create.
+//! member (`[pool] size = 1`, turned on for this test: the pool is off by
+//! default), so the client is checked against the claim path too.
 //!
 //! Needs root and the venv made by `tests/py/setup-venv.sh` at
 //! `${SANDBOXD_TEST_VENV:-<repo>/target/test-venv}`. Without the venv the

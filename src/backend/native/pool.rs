@@ -2,6 +2,8 @@
 //! namespaces, rootfs, cgroup, network, agent listening — but bound to no
 //! user. A create that fits (the default image and network mode) claims
 //! one instead of starting a sandbox; the pool refills in the background.
+//! Off by default (`[pool] size = 0`): a claimed member is not identical to
+//! a cold sandbox inside (`docs/architecture.md#warm-pool`, "What differs").
 //!
 //! How a member becomes a user's sandbox without the daemon ever entering
 //! its mount namespace (threat model in `docs/security.md#warm-pool`):
@@ -19,8 +21,10 @@
 //!   attributes a cold create gives them (idmapped through the member's user
 //!   namespace, `nosuid`, `nodev`, skills read-only) and attaches them to the
 //!   attach points. The kernel copies them into the member's namespace,
-//!   where they arrive locked (a mount propagated into a less privileged
-//!   namespace cannot be made writable there). The daemon then cuts the
+//!   where their flags arrive locked (a mount propagated into a less
+//!   privileged namespace cannot be made writable there) but not the mounts
+//!   themselves: the member's root may unmount them, which a cold sandbox's
+//!   root cannot (hence the pool is off by default). The daemon then cuts the
 //!   propagation (the attach point becomes private) and unmounts its own
 //!   side: no user data stays mounted on the host.
 //! - The member's agent (`--pooled`) answers nothing but one
@@ -274,26 +278,77 @@ impl Pool {
     /// is ready.
     fn take(&self, mode: NetworkMode, image: Option<&str>) -> Option<Member> {
         let mut members = self.members();
-        let i = members
-            .iter()
-            .position(|m| m.mode == mode && m.image.as_deref() == image)?;
+        let i = pick(
+            members.iter().map(|m| (m.mode, m.image.as_deref())),
+            mode,
+            image,
+        )?;
         members.remove(i)
     }
 
     /// The variants to start a member of now (one entry per member).
     fn wanted(&self) -> Vec<usize> {
-        let mut slots = self.concurrency.saturating_sub(self.starting());
         let members = self.members();
-        let mut out = Vec::new();
-        for (i, v) in self.variants.iter().enumerate() {
-            let have = members.iter().filter(|m| m.variant == i).count()
-                + v.starting.load(Ordering::SeqCst);
-            let n = v.size.saturating_sub(have).min(slots);
-            slots -= n;
-            out.extend(std::iter::repeat_n(i, n));
-        }
-        out
+        let (sizes, starting): (Vec<usize>, Vec<usize>) = self
+            .variants
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let ready = members.iter().filter(|m| m.variant == i).count();
+                (v.size, ready + v.starting.load(Ordering::SeqCst))
+            })
+            .unzip();
+        refill_plan(self.concurrency, self.starting(), &sizes, &starting)
     }
+}
+
+/// Which ready member a create of network `mode` and image digest `image`
+/// (none: the host's userland) takes: the first of `members` (network
+/// mode, image digest) with both its own. Limits are not part of the match
+/// (a claim rewrites the member's cgroup). None: the create starts cold.
+fn pick<'a>(
+    members: impl IntoIterator<Item = (NetworkMode, Option<&'a str>)>,
+    mode: NetworkMode,
+    image: Option<&str>,
+) -> Option<usize> {
+    members
+        .into_iter()
+        .position(|(m, i)| m == mode && i == image)
+}
+
+/// The variants to start a member of now, one entry per member: each
+/// variant `i` lacks `size[i] - have[i]` (ready or starting), filled in
+/// order within the `concurrency` starts not already taken by `starting`.
+fn refill_plan(concurrency: usize, starting: usize, size: &[usize], have: &[usize]) -> Vec<usize> {
+    let mut slots = concurrency.saturating_sub(starting);
+    let mut out = Vec::new();
+    for (i, (size, have)) in size.iter().zip(have).enumerate() {
+        let n = size.saturating_sub(*have).min(slots);
+        slots -= n;
+        out.extend(std::iter::repeat_n(i, n));
+    }
+    out
+}
+
+/// How long the refill waits after its `failures`-th consecutive failed
+/// start (0 for the first): 1 s doubling to 64 s.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(1 << failures.min(6))
+}
+
+/// A member's key from 64 random bits: `.pool-<16 hex>`, never a sandbox
+/// id (see [`POOL_KEY_PREFIX`]).
+fn member_key(bits: u64) -> String {
+    format!("{POOL_KEY_PREFIX}{bits:016x}")
+}
+
+/// The limits a claim writes to member cgroup: the request's when they
+/// differ from the member's (the node's defaults), else none.
+fn limits_to_apply(
+    member: &crate::model::Resources,
+    requested: &crate::model::Resources,
+) -> Option<crate::model::Resources> {
+    (member != requested).then_some(*requested)
 }
 
 /// Unmounts everything mounted at `path` (lazily), top first.
@@ -418,9 +473,9 @@ impl NativeBackend {
                     .starting
                     .fetch_sub(1, Ordering::SeqCst);
                 if !ok {
-                    // Backed off: 1 s doubling to a minute.
-                    let n = b.pool.failures.fetch_add(1, Ordering::SeqCst).min(6);
-                    tokio::time::sleep(Duration::from_secs(1 << n)).await;
+                    // Backed off: 1 s doubling to 64 s.
+                    let n = b.pool.failures.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(backoff(n)).await;
                 } else {
                     b.pool.failures.store(0, Ordering::SeqCst);
                 }
@@ -450,7 +505,7 @@ impl NativeBackend {
         };
         let b = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            let key = format!("{POOL_KEY_PREFIX}{:016x}", rand::random::<u64>());
+            let key = member_key(rand::random::<u64>());
             let mut spec = member_sandbox_spec(&key, b.sandboxes.default_resources);
             spec.network = network;
             spec.identity.image = requested;
@@ -631,6 +686,12 @@ impl NativeBackend {
         if handle.exited() {
             return Err(NativeError::Claim(format!("pool member {key} exited")));
         }
+        // The request's limits first: a cgroup that refuses them fails the
+        // claim (the create starts cold) before anything of the user's is
+        // attached.
+        if let Some(limits) = limits_to_apply(&m.started.st.resources, &spec.resources) {
+            m.started.cgroup.apply(&limits)?;
+        }
         let userns = match m.started.st.userns {
             Some(_) => Some(handle.open_userns().map_err(|e| {
                 NativeError::Claim(format!("cannot open the member's user namespace: {e}"))
@@ -700,9 +761,6 @@ impl NativeBackend {
         // The attach-point directories stay until the sandbox is destroyed:
         // removing a directory detaches every mount on it, in every
         // namespace, and the user's directories are mounted on them inside.
-        if spec.resources != m.started.st.resources {
-            m.started.cgroup.apply(&spec.resources)?;
-        }
         self.set_hostname(m, &super::bundle::hostname_for(&spec.sandbox_id))?;
         Ok(Attached { user_data, skills })
     }
@@ -840,5 +898,207 @@ impl NativeBackend {
         // Its output is read from here on under its id and generation.
         started.out = Arc::new(output::Output::new(id, &st.generation));
         Ok(self.go_live(started, key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PoolVariant;
+    use crate::model::{is_pool_key, validate_node_key, validate_sandbox_id, Resources};
+
+    const E: NetworkMode = NetworkMode::Egress;
+    const N: NetworkMode = NetworkMode::None;
+
+    #[test]
+    fn a_create_takes_the_first_member_of_its_network_mode_and_image() {
+        let members = [
+            (E, Some("sha256:aa")),
+            (N, None),
+            (E, None),
+            (E, None),
+            (N, Some("sha256:aa")),
+        ];
+        assert_eq!(pick(members, E, None), Some(2));
+        assert_eq!(pick(members, N, None), Some(1));
+        assert_eq!(pick(members, E, Some("sha256:aa")), Some(0));
+        assert_eq!(pick(members, N, Some("sha256:aa")), Some(4));
+    }
+
+    #[test]
+    fn a_create_that_no_member_matches_starts_cold() {
+        let members = [(E, Some("sha256:aa")), (N, None)];
+        // Another image's digest, the host's userland in another mode, an
+        // image where the members have none: no member.
+        assert_eq!(pick(members, E, Some("sha256:bb")), None);
+        assert_eq!(pick(members, E, None), None);
+        assert_eq!(pick(members, N, Some("sha256:aa")), None);
+        assert_eq!(pick([], E, None), None);
+    }
+
+    #[test]
+    fn limits_are_rewritten_only_when_the_request_differs() {
+        let node = Resources {
+            memory_mb: 512,
+            cpus: 1.0,
+            pids: 256,
+        };
+        assert_eq!(limits_to_apply(&node, &node), None);
+        for other in [
+            Resources {
+                memory_mb: 256,
+                ..node
+            },
+            Resources { cpus: 0.5, ..node },
+            Resources { pids: 64, ..node },
+        ] {
+            assert_eq!(limits_to_apply(&node, &other), Some(other));
+        }
+    }
+
+    #[test]
+    fn the_refill_backs_off_from_one_second_doubling_to_64() {
+        let secs: Vec<u64> = (0..10).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 64, 64, 64]);
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(64));
+    }
+
+    #[test]
+    fn the_refill_starts_what_is_missing_within_its_concurrency() {
+        // Two variants missing 2 and 1, 4 starts allowed: all of them, in
+        // variant order.
+        assert_eq!(refill_plan(4, 0, &[2, 1], &[0, 0]), [0, 0, 1]);
+        // One start at a time: the first variant's first.
+        assert_eq!(refill_plan(1, 0, &[2, 1], &[0, 0]), [0]);
+        // Starts already running take from the concurrency.
+        assert_eq!(refill_plan(2, 1, &[2, 1], &[1, 0]), [0]);
+        assert_eq!(refill_plan(1, 1, &[2, 1], &[1, 0]), Vec::<usize>::new());
+        // A full variant (or one above its size) starts nothing.
+        assert_eq!(refill_plan(4, 0, &[2, 1], &[2, 0]), [1]);
+        assert_eq!(refill_plan(4, 0, &[1, 1], &[3, 1]), Vec::<usize>::new());
+        // Size 0: nothing.
+        assert_eq!(refill_plan(16, 0, &[0], &[0]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_member_key_is_never_a_sandbox_id() {
+        for bits in [0, 1, 0xdead_beef, u64::MAX, rand::random()] {
+            let key = member_key(bits);
+            assert_eq!(key.len(), ".pool-".len() + 16, "{key}");
+            assert_eq!(
+                u64::from_str_radix(key.strip_prefix(".pool-").unwrap(), 16),
+                Ok(bits)
+            );
+            assert!(is_pool_key(&key), "{key}");
+            assert!(validate_node_key(&key).is_ok(), "{key}");
+            assert!(validate_sandbox_id(&key).is_err(), "{key}");
+        }
+    }
+
+    fn config(size: usize, extra: Vec<PoolVariant>) -> PoolConfig {
+        PoolConfig {
+            size,
+            refill_concurrency: 0,
+            extra,
+        }
+    }
+
+    #[test]
+    fn the_default_pool_is_empty_and_starts_nothing() {
+        let p = Pool::new(&PoolConfig::default(), Path::new("/nonexistent"));
+        assert_eq!((p.size(), p.ready(), p.starting()), (0, 0, 0));
+        assert!(p.wanted().is_empty());
+        assert!(p.take(E, None).is_none());
+    }
+
+    #[test]
+    fn a_pool_has_one_variant_per_extra_with_its_image_normalized() {
+        let p = Pool::new(
+            &config(
+                2,
+                vec![
+                    PoolVariant {
+                        network: Some(N),
+                        image: None,
+                        size: 1,
+                    },
+                    PoolVariant {
+                        network: None,
+                        image: Some("registry.example.com/tools:1".into()),
+                        size: 3,
+                    },
+                ],
+            ),
+            Path::new("/srv/state"),
+        );
+        assert_eq!(p.size(), 6);
+        // A concurrency of 0 is taken as 1.
+        assert_eq!(p.concurrency, 1);
+        assert_eq!(p.wanted(), [0]);
+        assert_eq!(p.mounts_root, Path::new("/srv/state/pool-mounts"));
+        let v: Vec<_> = p
+            .variants
+            .iter()
+            .map(|v| (v.network, v.image.as_deref(), v.size))
+            .collect();
+        let tools = sandbox_image::reference::normalize("registry.example.com/tools:1").unwrap();
+        assert_eq!(
+            v,
+            [
+                (None, None, 2),
+                (Some(N), None, 1),
+                (None, Some(tools.as_str()), 3)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_member_spec_binds_the_attach_points_as_read_only_slaves() {
+        let mut oci = Spec::default();
+        let before = oci.mounts().clone().unwrap().len();
+        member_spec(&mut oci, Path::new("/s/pool-mounts/.pool-0")).unwrap();
+        let mounts = oci.mounts().clone().unwrap();
+        assert_eq!(mounts.len(), before + 2);
+        for (dest, src) in [
+            (GUEST.user_data, "/s/pool-mounts/.pool-0/user-data"),
+            (GUEST.skills, "/s/pool-mounts/.pool-0/skills"),
+        ] {
+            let m: Vec<_> = mounts
+                .iter()
+                .filter(|m| m.destination() == Path::new(dest))
+                .collect();
+            assert_eq!(m.len(), 1, "{dest}");
+            assert_eq!(m[0].source().as_deref(), Some(Path::new(src)));
+            assert_eq!(
+                m[0].options().clone().unwrap(),
+                ["bind", "slave", "ro", "nosuid", "nodev"]
+            );
+        }
+        let process = oci.process().clone().unwrap();
+        assert_eq!(process.args().clone().unwrap().last().unwrap(), "--pooled");
+        assert_eq!(process.cwd(), Path::new(GUEST.home));
+        // Run again on its own output: the binds are replaced, not added.
+        member_spec(&mut oci, Path::new("/s/pool-mounts/.pool-1")).unwrap();
+        assert_eq!(oci.mounts().as_ref().unwrap().len(), before + 2);
+    }
+
+    #[test]
+    fn a_member_is_bound_to_no_user() {
+        let r = Resources {
+            memory_mb: 512,
+            cpus: 1.0,
+            pids: 256,
+        };
+        let s = member_sandbox_spec(".pool-00000000000000ff", r);
+        assert_eq!(s.sandbox_id, ".pool-00000000000000ff");
+        assert_eq!(
+            (s.identity.uid.as_str(), s.identity.thread_id.as_str()),
+            ("pool", "pool")
+        );
+        assert_eq!(s.identity.workdir_path, None);
+        assert_eq!(s.identity.image, None);
+        assert!(s.env.is_empty());
+        assert_eq!(s.resources, r);
+        assert_eq!(s.network, None);
     }
 }

@@ -539,7 +539,8 @@ impl Daemon {
                 dirs.userns_range_start.as_str(),
             ),
             ("SANDBOXD_USERNS_RANGE_COUNT", "2097152"),
-            // No warm pool unless a test asks for one (native_pool).
+            // No warm pool unless a test asks for one (native_pool): the
+            // daemon's default too, spelled out.
             ("SANDBOXD_POOL_SIZE", "0"),
         ];
         all.extend_from_slice(env);
