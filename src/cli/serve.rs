@@ -120,6 +120,12 @@ fn global_env(cfg: &Config) -> anyhow::Result<BTreeMap<String, String>> {
 }
 
 async fn build_backend(cfg: &Config) -> anyhow::Result<Arc<dyn Backend>> {
+    if !cfg.proxy.relay {
+        warn!(
+            "[proxy] relay (SANDBOXD_PROXY_RELAY) is no longer used and is ignored: every proxied \
+             request takes the one forwarding path since the relay was removed"
+        );
+    }
     match cfg.backend {
         BackendKind::Memory => {
             warn!("memory backend selected: for tests only, sandboxes are not isolated");
