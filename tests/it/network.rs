@@ -924,6 +924,10 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     assert!(TestNode::elements(&table).is_none());
     let (_, h) = d.json("GET", "/health", None).await;
     assert_eq!(h["egress"], "rebuilding", "{h}");
+    // A scrape meanwhile answers (the missing table has no counters: a
+    // debug line, nothing at the daemon's info level).
+    let (s, _, _) = d.call("GET", "/metrics", None, None).await;
+    assert_eq!(s, 200);
     for t in [PRIVATE, METADATA] {
         assert_dropped(&d, Some(&net), "fa", t, 80).await;
     }
@@ -1095,6 +1099,7 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
         "{log}"
     );
     assert_eq!(log.matches("egress table rebuilt").count(), 4, "{log}");
+    assert!(!log.contains("drop counters"), "{log}");
     net.seen.lock().unwrap().clear();
     assert_reaches(&d, &net, "fa", PUBLIC, 80).await;
     // The pool member is handed out again once the table is in force.
