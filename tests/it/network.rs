@@ -492,12 +492,38 @@ async fn the_connection_cap_holds_and_proxy_variables_reach_the_sandbox() {
     )
     .unwrap();
     let env_file_s = env_file.to_string_lossy().to_string();
+    // `nft` on the daemon's PATH logs its invocations, so that the test
+    // sees that a scrape of `/metrics` runs none.
+    let bin = dirs.root.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let nft_log = dirs.root.path().join("nft.log");
+    let real_nft = common::find_tool("nft").expect("nft");
+    std::fs::write(
+        bin.join("nft"),
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nexec {} \"$@\"\n",
+            nft_log.display(),
+            real_nft.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        bin.join("nft"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let d = Daemon::start_native(
         &dirs,
         &[
             ("SANDBOXD_NETWORK_MAX_CONNECTIONS", "3"),
             ALLOW_PUBLIC,
             ("SANDBOXD_SANDBOX_ENV_FILE", env_file_s.as_str()),
+            ("PATH", path.as_str()),
         ],
     );
     let (s, v) = d
@@ -524,9 +550,126 @@ async fn the_connection_cap_holds_and_proxy_variables_reach_the_sandbox() {
          print(ok)\n"
     );
     std::fs::write(dirs.workspace("u1").join("cap.py"), script).unwrap();
+    let nft_runs = || std::fs::read_to_string(&nft_log).unwrap_or_default();
+    // The daemon ran `nft` (its table, the sandbox's own): the wrapper works.
+    assert!(nft_runs().contains("-f -"), "{}", nft_runs());
+    let before = conn_limit_drops(&d).await;
     let (out, code) = d.exec("cap", "python3 /home/gem/user-data/cap.py").await;
     assert_eq!((out.trim(), code), ("3", 0), "{out}");
+    // The three refused connections' SYNs were counted by the host's
+    // table, and /metrics reads the counter: no `nft` per scrape.
+    let runs = nft_runs();
+    let mut after = Vec::new();
+    for _ in 0..5 {
+        after.push(conn_limit_drops(&d).await);
+    }
+    assert!(after.iter().all(|a| *a >= before + 3), "{before} {after:?}");
+    assert_eq!(nft_runs(), runs, "a scrape of /metrics ran nft");
     drop(net);
+}
+
+/// The `conn_limit` drop counter of `/metrics` (with the token).
+async fn conn_limit_drops(d: &Daemon) -> u64 {
+    let (s, _, m) = d.call("GET", "/metrics", None, Some(common::TOKEN)).await;
+    let m = String::from_utf8_lossy(&m);
+    assert_eq!(s, 200, "{m}");
+    m.lines()
+        .find(|l| l.starts_with("sandboxd_network_dropped_packets{reason=\"conn_limit\"}"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or_else(|| panic!("no conn_limit series: {m}"))
+}
+
+/// The drop counters read over netlink are the table's named counters as
+/// `nft` lists them (packets and bytes), in a network namespace of the
+/// test's own; a missing table has none, and is no error.
+#[test]
+fn netlink_reads_the_counters_nft_lists() {
+    if !privileged("netlink_reads_the_counters_nft_lists") {
+        return;
+    }
+    use sandboxd::backend::native::net::nfnl;
+    let dirs = NativeDirs::new();
+    let (ns, table) = (
+        format!("sbxtest-c{}", dirs.net_prefix.trim_end_matches('-')),
+        dirs.net_table.clone(),
+    );
+    ip_quiet(&["netns", "del", &ns]);
+    ip(&["netns", "add", &ns]);
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            ip_quiet(&["netns", "del", &self.0]);
+        }
+    }
+    let _del = Del(ns.clone());
+    let nft = |args: &[&str], stdin: &str| {
+        let mut c = Command::new("ip")
+            .args(["netns", "exec", &ns, "nft"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    };
+    let read = {
+        let (ns, table) = (ns.clone(), table.clone());
+        move || {
+            let (ns, table) = (ns.clone(), table.clone());
+            std::thread::spawn(move || {
+                let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+                nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                let mut c: Vec<(String, u64, u64)> = nfnl::counters(&table)
+                    .unwrap()
+                    .into_iter()
+                    .map(|c| (c.name, c.packets, c.bytes))
+                    .collect();
+                c.sort();
+                c
+            })
+            .join()
+            .unwrap()
+        }
+    };
+    assert_eq!(read(), vec![]);
+    // Counters with values (nft sets them), a counter of another table
+    // and a quota object of this one.
+    nft(
+        &["-f", "-"],
+        &format!(
+            "table inet {table} {{\n\tcounter denied {{ packets 7 bytes 420 }}\n\tcounter conn_limit {{ packets 4294967301 bytes 1 }}\n\tcounter to_host {{ }}\n\tquota q {{ 25 mbytes }}\n}}\n\
+             table inet {table}x {{\n\tcounter denied {{ packets 9 bytes 9 }}\n}}\n\
+             table ip {table} {{\n\tcounter denied {{ packets 8 bytes 8 }}\n}}\n"
+        ),
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&nft(
+        &["-j", "list", "counters", "table", "inet", &table],
+        "",
+    ))
+    .unwrap();
+    let mut expect: Vec<(String, u64, u64)> = listed["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| {
+            let c = &o["counter"];
+            Some((
+                c["name"].as_str()?.to_string(),
+                c["packets"].as_u64()?,
+                c["bytes"].as_u64()?,
+            ))
+        })
+        .collect();
+    expect.sort();
+    assert_eq!(expect.len(), 3, "{listed}");
+    assert_eq!(read(), expect);
+    assert!(expect.contains(&("conn_limit".into(), 4294967301, 1)));
+    nft(&["delete", "table", "inet", &table], "");
+    assert_eq!(read(), vec![]);
 }
 
 /// A network namespace standing in for a node: the daemon runs in it (so
@@ -781,6 +924,10 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
     assert!(TestNode::elements(&table).is_none());
     let (_, h) = d.json("GET", "/health", None).await;
     assert_eq!(h["egress"], "rebuilding", "{h}");
+    // A scrape meanwhile answers (the missing table has no counters: a
+    // debug line, nothing at the daemon's info level).
+    let (s, _, _) = d.call("GET", "/metrics", None, None).await;
+    assert_eq!(s, 200);
     for t in [PRIVATE, METADATA] {
         assert_dropped(&d, Some(&net), "fa", t, 80).await;
     }
@@ -952,6 +1099,7 @@ async fn egress_stays_closed_while_the_table_is_removed_and_comes_back() {
         "{log}"
     );
     assert_eq!(log.matches("egress table rebuilt").count(), 4, "{log}");
+    assert!(!log.contains("drop counters"), "{log}");
     net.seen.lock().unwrap().clear();
     assert_reaches(&d, &net, "fa", PUBLIC, 80).await;
     // The pool member is handed out again once the table is in force.

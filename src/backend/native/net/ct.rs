@@ -12,13 +12,11 @@
 //! reported it.
 
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
-use nix::sys::socket::{
-    recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+use super::nfnl::{
+    ack_of, attr, dump_messages, open, push_attr, push_msg, receive, send, NfnlError,
 };
-
-use super::nfnl::NfnlError;
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
@@ -35,22 +33,15 @@ const NLA_F_NESTED: u16 = 0x8000;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
+#[cfg(test)]
 const NLMSG_DONE: u16 = 3;
 const AF_INET: u8 = libc::AF_INET as u8;
 
 /// One netlink message of ctnetlink: header, `nfgenmsg` (IPv4), `attrs`.
 fn message(kind: u16, flags: u16, seq: u32, attrs: &[u8]) -> Vec<u8> {
     let mut b = Vec::with_capacity(20 + attrs.len());
-    b.extend_from_slice(&((20 + attrs.len()) as u32).to_ne_bytes());
-    b.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | kind).to_ne_bytes());
-    b.extend_from_slice(&flags.to_ne_bytes());
-    b.extend_from_slice(&seq.to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes());
-    b.push(AF_INET);
-    b.push(0); // NFNETLINK_V0
-    b.extend_from_slice(&0u16.to_be_bytes());
-    b.extend_from_slice(attrs);
+    let kind = (NFNL_SUBSYS_CTNETLINK << 8) | kind;
+    push_msg(&mut b, kind, flags, seq, AF_INET, 0, attrs);
     b
 }
 
@@ -68,34 +59,6 @@ pub fn delete_request(orig: &[u8], zone: Option<&[u8]>, seq: u32) -> Vec<u8> {
         push_attr(&mut a, CTA_ZONE, z);
     }
     message(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, seq, &a)
-}
-
-fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
-    buf.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(payload);
-    buf.resize(buf.len().next_multiple_of(4), 0);
-}
-
-/// The attributes of `a`: (type without flags, payload).
-fn attrs(mut a: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if a.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([a[0], a[1]]) as usize;
-        let kind = u16::from_ne_bytes([a[2], a[3]]) & 0x3fff;
-        if len < 4 || len > a.len() {
-            return None;
-        }
-        let p = &a[4..len];
-        a = &a[len.next_multiple_of(4).min(a.len())..];
-        Some((kind, p))
-    })
-}
-
-fn attr(a: &[u8], kind: u16) -> Option<&[u8]> {
-    attrs(a).find(|(k, _)| *k == kind).map(|(_, p)| p)
 }
 
 /// Whether tuple `t` (the payload of `CTA_TUPLE_*`) has `addr` as its
@@ -119,77 +82,22 @@ pub struct Entry {
 /// The entries in one buffer of dump answers that name `addr` in either
 /// tuple; `done` when the dump's end is in it.
 pub fn matching(buf: &[u8], addr: Ipv4Addr, out: &mut Vec<Entry>) -> Result<bool, NfnlError> {
-    let mut off = 0;
-    while off + 16 <= buf.len() {
-        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
-        if len < 16 || off + len > buf.len() {
-            return Err(NfnlError::Protocol);
+    dump_messages(buf, |kind, m| {
+        if kind != (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW || m.len() < 20 {
+            return;
         }
-        let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap());
-        let m = &buf[off..off + len];
-        off += len.next_multiple_of(4);
-        match kind {
-            NLMSG_DONE => return Ok(true),
-            NLMSG_ERROR => {
-                let e = i32::from_ne_bytes(
-                    m.get(16..20)
-                        .ok_or(NfnlError::Protocol)?
-                        .try_into()
-                        .unwrap(),
-                );
-                if e != 0 {
-                    return Err(NfnlError::Kernel(std::io::Error::from_raw_os_error(-e)));
-                }
+        let a = &m[20..];
+        let orig = attr(a, CTA_TUPLE_ORIG);
+        let reply = attr(a, CTA_TUPLE_REPLY);
+        if orig.is_some_and(|t| names(t, addr)) || reply.is_some_and(|t| names(t, addr)) {
+            if let Some(o) = orig {
+                out.push(Entry {
+                    orig: o.to_vec(),
+                    zone: attr(a, CTA_ZONE).map(<[u8]>::to_vec),
+                });
             }
-            k if k == (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW && m.len() >= 20 => {
-                let a = &m[20..];
-                let orig = attr(a, CTA_TUPLE_ORIG);
-                let reply = attr(a, CTA_TUPLE_REPLY);
-                if orig.is_some_and(|t| names(t, addr)) || reply.is_some_and(|t| names(t, addr)) {
-                    if let Some(o) = orig {
-                        out.push(Entry {
-                            orig: o.to_vec(),
-                            zone: attr(a, CTA_ZONE).map(<[u8]>::to_vec),
-                        });
-                    }
-                }
-            }
-            _ => {}
         }
-    }
-    Ok(false)
-}
-
-fn open() -> Result<OwnedFd, NfnlError> {
-    socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkNetFilter,
-    )
-    .map_err(NfnlError::Socket)
-}
-
-fn send(fd: &OwnedFd, msg: &[u8]) -> Result<(), NfnlError> {
-    sendto(
-        fd.as_raw_fd(),
-        msg,
-        &NetlinkAddr::new(0, 0),
-        MsgFlags::empty(),
-    )
-    .map(drop)
-    .map_err(NfnlError::Socket)
-}
-
-fn receive(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize, NfnlError> {
-    loop {
-        match recv(fd.as_raw_fd(), buf, MsgFlags::empty()) {
-            Ok(0) => return Err(NfnlError::Protocol),
-            Ok(n) => return Ok(n),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(NfnlError::Socket(e)),
-        }
-    }
+    })
 }
 
 /// Deletes every IPv4 conntrack entry (of the calling thread's network
@@ -206,7 +114,7 @@ pub fn delete_address(addr: Ipv4Addr) -> Result<usize, NfnlError> {
         send(&fd, &delete_request(&e.orig, e.zone.as_deref(), seq))?;
         loop {
             let n = receive(&fd, &mut buf)?;
-            let Some(err) = ack(&buf[..n], seq) else {
+            let Some(err) = ack_of(&buf[..n], seq) else {
                 continue;
             };
             match -err {
@@ -238,24 +146,6 @@ pub fn count_address(addr: Ipv4Addr) -> Result<usize, NfnlError> {
     let fd = open()?;
     let mut buf = vec![0u8; 64 * 1024];
     Ok(find(&fd, &mut buf, addr)?.len())
-}
-
-/// The errno of the answer to `seq` in `buf`, if there is one.
-fn ack(buf: &[u8], seq: u32) -> Option<i32> {
-    let mut off = 0;
-    while off + 20 <= buf.len() {
-        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().ok()?) as usize;
-        if len < 16 || off + len > buf.len() {
-            return None;
-        }
-        let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().ok()?);
-        let s = u32::from_ne_bytes(buf[off + 8..off + 12].try_into().ok()?);
-        if kind == NLMSG_ERROR && s == seq {
-            return Some(i32::from_ne_bytes(buf[off + 16..off + 20].try_into().ok()?));
-        }
-        off += len.next_multiple_of(4);
-    }
-    None
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@ use nix::sys::socket::{
 };
 use tracing::{error, info, warn};
 
+use super::nfnl::attr;
+
 const NFNLGRP_NFTABLES: libc::c_int = 7;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWTABLE: u8 = 0;
@@ -255,22 +257,6 @@ pub fn scan(
         }
     }
     out
-}
-
-/// The payload of the first attribute of type `kind`.
-fn attr(mut a: &[u8], kind: u16) -> Option<&[u8]> {
-    while a.len() >= 4 {
-        let len = u16::from_ne_bytes([a[0], a[1]]) as usize;
-        let k = u16::from_ne_bytes([a[2], a[3]]) & 0x3fff;
-        if len < 4 || len > a.len() {
-            return None;
-        }
-        if k == kind {
-            return Some(&a[4..len]);
-        }
-        a = &a[len.next_multiple_of(4).min(a.len())..];
-    }
-    None
 }
 
 /// Runs the guard on a thread of its own: `rebuild` is called after every

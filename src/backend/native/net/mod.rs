@@ -15,7 +15,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{NetworkConfig, NetworkMode};
 
@@ -481,12 +481,25 @@ impl Network {
         Ok(())
     }
 
-    /// The drop counters by reason (metrics).
+    /// The drop counters by reason (metrics): the table's named counters,
+    /// read over netlink (no process per scrape). None while the table is
+    /// missing (the guard is rebuilding it, say): a debug line, no more.
     pub fn drop_counters(&self) -> Vec<(String, u64)> {
         let Some(e) = &self.egress else {
             return Vec::new();
         };
-        e.nft.drop_counters(&e.policy.table).unwrap_or_default()
+        let table = &e.policy.table;
+        match nfnl::counters(table) {
+            Ok(c) if c.is_empty() => {
+                debug!(table = %format!("inet {table}"), "no drop counters: the egress table is missing (being rebuilt?)");
+                Vec::new()
+            }
+            Ok(c) => c.into_iter().map(|c| (c.name, c.packets)).collect(),
+            Err(err) => {
+                debug!(table = %format!("inet {table}"), error = %err, "cannot read the drop counters");
+                Vec::new()
+            }
+        }
     }
 
     /// Bytes (sent by, received by) sandbox `id`, from its host end's

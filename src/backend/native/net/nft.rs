@@ -322,19 +322,6 @@ impl Nft {
         }
     }
 
-    /// The drop counters of `table`: (reason, packets).
-    pub fn drop_counters(&self, table: &str) -> Result<Vec<(String, u64)>, NftError> {
-        let v = self.list_json(&["counters", "table", "inet", table])?;
-        let mut out = Vec::new();
-        for o in v["nftables"].as_array().into_iter().flatten() {
-            let c = &o["counter"];
-            if let (Some(name), Some(p)) = (c["name"].as_str(), c["packets"].as_u64()) {
-                out.push((name.to_string(), p));
-            }
-        }
-        Ok(out)
-    }
-
     /// The elements of the `sandboxes` set: (link, address).
     pub fn sandbox_elements(&self, table: &str) -> Result<Vec<(String, String)>, NftError> {
         let v = self.list_json(&["set", "inet", table, "sandboxes"])?;
