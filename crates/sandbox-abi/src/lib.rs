@@ -16,9 +16,9 @@
 //! Who may depend on whom is in `docs/architecture.md`: every other crate of
 //! the workspace may use this one; this one uses none of them.
 
+pub mod agent_api;
 pub mod bpf;
 pub mod cgroupfs;
-pub mod agent_api;
 pub mod claim;
 pub mod credential;
 pub mod failpoint;

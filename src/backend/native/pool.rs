@@ -450,7 +450,7 @@ impl NativeBackend {
         };
         let b = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            let key = format!("{POOL_KEY_PREFIX}{:016x}", rand::random::<u64>());
+            let key = format!("{POOL_KEY_PREFIX}{:016x}", sandbox_abi::random::u64());
             let mut spec = member_sandbox_spec(&key, b.sandboxes.default_resources);
             spec.network = network;
             spec.identity.image = requested;
