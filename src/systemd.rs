@@ -1,6 +1,14 @@
-//! The systemd service protocol, written by hand (no libsystemd): readiness
-//! and watchdog notifications over `$NOTIFY_SOCKET` (sd_notify) and socket
-//! activation (`$LISTEN_PID`/`$LISTEN_FDS`/`$LISTEN_FDNAMES`).
+//! The systemd service protocol (no libsystemd): readiness and watchdog
+//! notifications over `$NOTIFY_SOCKET` (sd_notify) and socket activation
+//! (`$LISTEN_PID`/`$LISTEN_FDS`/`$LISTEN_FDNAMES`).
+//!
+//! The `sd-notify` crate reads the watchdog and socket-activation variables
+//! (and sets the passed fds close-on-exec) and spells the notification
+//! states ([`NotifyState`]). What it does not cover stays here: keeping the
+//! notify socket's address after `$NOTIFY_SOCKET` is unset (its `notify`
+//! reads the variable at every call, and we unset it so sandboxes never
+//! inherit it), abstract notify sockets (`@name`: it connects by pathname
+//! only), and checking and converting the passed fds into listeners.
 //!
 //! [`SystemdEnv::take`] reads these variables *and removes them from our
 //! environment* so sandboxes and launchers never inherit them; it must run
@@ -16,16 +24,14 @@ use std::time::Duration;
 use nix::sys::socket::{
     getsockopt, sockopt, AddressFamily, SockType, SockaddrLike, SockaddrStorage,
 };
-
-/// First fd passed by socket activation (`SD_LISTEN_FDS_START`).
-const LISTEN_FDS_START: i32 = 3;
+pub use sd_notify::NotifyState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SystemdError {
-    #[error("{name}={value:?} is not a valid value")]
-    BadVar { name: &'static str, value: String },
-    #[error("socket activation: fd {fd} is not open")]
-    FdNotOpen { fd: i32 },
+    /// Malformed `LISTEN_*`, or a passed fd that is not open (sd-notify's
+    /// reading of them).
+    #[error("socket activation: {0}")]
+    Activation(std::io::Error),
     #[error("socket activation: fd {fd}: {message}")]
     NotAListener { fd: i32, message: String },
     #[error("socket activation: fd {fd}: {source}")]
@@ -54,84 +60,41 @@ impl SystemdEnv {
     /// mutation is not thread-safe), and before anything else could claim
     /// fds 3 and up.
     pub fn take() -> Result<SystemdEnv, SystemdError> {
-        let me = std::process::id();
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let notify = var("NOTIFY_SOCKET");
-        let wd_usec = var("WATCHDOG_USEC");
-        let wd_pid = var("WATCHDOG_PID");
         let listen_pid = var("LISTEN_PID");
-        let listen_fds = var("LISTEN_FDS");
-        let listen_names = var("LISTEN_FDNAMES");
-        for name in [
-            "NOTIFY_SOCKET",
-            "WATCHDOG_USEC",
-            "WATCHDOG_PID",
-            "LISTEN_PID",
-            "LISTEN_FDS",
-            "LISTEN_FDNAMES",
-        ] {
-            std::env::remove_var(name);
-        }
+        let has_listen_fds = var("LISTEN_FDS").is_some();
+        let has_names = var("LISTEN_FDNAMES").is_some();
+        // SAFETY: `take`'s contract: the process is still single-threaded,
+        // so nothing reads the environment while these unset it.
+        let watchdog = unsafe { sd_notify::watchdog_enabled_and_unset_env() };
+        // SAFETY: as above.
+        let passed = unsafe { sd_notify::listen_fds_with_names_and_unset_env() };
+        std::env::remove_var("NOTIFY_SOCKET");
 
         let mut out = SystemdEnv {
             notifier: notify.map(Notifier::new),
+            watchdog_interval: watchdog.filter(|d| !d.is_zero()).map(|d| d / 2),
             ..SystemdEnv::default()
         };
-        if let Some(usec) = wd_usec {
-            let usec: u64 = parse(&usec, "WATCHDOG_USEC")?;
-            let for_us = match wd_pid {
-                None => true,
-                Some(p) => parse::<u32>(&p, "WATCHDOG_PID")? == me,
-            };
-            if for_us && usec > 0 {
-                out.watchdog_interval = Some(Duration::from_micros(usec / 2));
-            }
+        if has_listen_fds
+            && listen_pid.as_deref().map(str::trim) != Some(&std::process::id().to_string())
+        {
+            out.listen_pid_mismatch = true;
+            return Ok(out);
         }
-        if let Some(n) = listen_fds {
-            let for_us = match &listen_pid {
-                Some(p) => parse::<u32>(p, "LISTEN_PID")? == me,
-                None => false,
-            };
-            if !for_us {
-                out.listen_pid_mismatch = true;
-                return Ok(out);
-            }
-            let n: i32 = parse(&n, "LISTEN_FDS")?;
-            let names: Vec<&str> = listen_names.as_deref().unwrap_or("").split(':').collect();
-            for i in 0..n {
-                let fd = LISTEN_FDS_START + i;
-                if nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).is_err() {
-                    return Err(SystemdError::FdNotOpen { fd });
-                }
-                // SAFETY: fd is open (checked above) and was passed to this
-                // process by its parent for us alone: nothing else in the
-                // process refers to it, so it gets exactly one owner here.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                // Keep it from leaking into sandboxes and launchers.
-                nix::fcntl::fcntl(
-                    fd,
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-                )
-                .map_err(|e| SystemdError::Convert {
-                    fd,
-                    source: e.into(),
-                })?;
-                let name = names
-                    .get(i as usize)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| s.to_string());
-                out.listen_fds.push(ActivatedFd { fd: owned, name });
-            }
+        for (fd, name) in passed.map_err(SystemdError::Activation)? {
+            // SAFETY: sd-notify set FD_CLOEXEC on fd (F_GETFD/F_SETFD
+            // succeeded), so it is open, and it was passed to this process
+            // by its parent for us alone: nothing else in the process refers
+            // to it, so it gets exactly one owner here.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            // Without $LISTEN_FDNAMES sd-notify names every fd "unknown".
+            let name = Some(name).filter(|n| has_names && !n.is_empty());
+            out.listen_fds.push(ActivatedFd { fd: owned, name });
         }
         Ok(out)
     }
-}
-
-fn parse<T: std::str::FromStr>(value: &str, name: &'static str) -> Result<T, SystemdError> {
-    value.trim().parse().map_err(|_| SystemdError::BadVar {
-        name,
-        value: value.to_string(),
-    })
 }
 
 /// A socket passed by systemd.
@@ -188,7 +151,9 @@ impl ActivatedFd {
 
 /// Sends sd_notify datagrams to `$NOTIFY_SOCKET` (a path, or `@name` for an
 /// abstract socket). Sending is best effort: a lost notification is logged
-/// by the caller, never fatal.
+/// by the caller, never fatal. Ours, not `sd_notify::notify`: that one reads
+/// `$NOTIFY_SOCKET` at every call (we unset it at start) and cannot reach an
+/// abstract socket.
 #[derive(Debug, Clone)]
 pub struct Notifier {
     target: String,
@@ -204,19 +169,30 @@ impl Notifier {
         &self.target
     }
 
-    /// Sends one notification: newline-separated `KEY=value` assignments.
-    pub fn notify(&self, state: &str) -> std::io::Result<()> {
+    /// Sends one notification: the states as newline-separated
+    /// `KEY=value` assignments, in order.
+    pub fn notify(&self, states: &[NotifyState<'_>]) -> std::io::Result<()> {
+        let msg = message(states);
         let addr = match self.target.strip_prefix('@') {
             Some(name) => SocketAddr::from_abstract_name(name.as_bytes())?,
             None => SocketAddr::from_pathname(&self.target)?,
         };
         let sock = UnixDatagram::unbound()?;
-        let sent = sock.send_to_addr(state.as_bytes(), &addr)?;
-        if sent != state.len() {
+        let sent = sock.send_to_addr(msg.as_bytes(), &addr)?;
+        if sent != msg.len() {
             return Err(std::io::Error::other("short write to the notify socket"));
         }
         Ok(())
     }
+}
+
+/// The datagram of `states` (sd-notify spells each one).
+fn message(states: &[NotifyState<'_>]) -> String {
+    states
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -229,7 +205,7 @@ mod tests {
         let path = dir.path().join("notify");
         let rx = UnixDatagram::bind(&path).unwrap();
         Notifier::new(path.to_string_lossy().into_owned())
-            .notify("READY=1\nSTATUS=x")
+            .notify(&[NotifyState::Ready, NotifyState::Status("x")])
             .unwrap();
         let mut buf = [0u8; 64];
         let n = rx.recv(&mut buf).unwrap();
@@ -239,7 +215,7 @@ mod tests {
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         let rx = UnixDatagram::bind_addr(&addr).unwrap();
         Notifier::new(format!("@{name}"))
-            .notify("WATCHDOG=1")
+            .notify(&[NotifyState::Watchdog])
             .unwrap();
         let n = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"WATCHDOG=1");
@@ -248,6 +224,23 @@ mod tests {
     #[test]
     fn missing_socket_is_an_error_not_a_panic() {
         let n = Notifier::new("/nonexistent/sandboxd-notify".into());
-        assert!(n.notify("READY=1").is_err());
+        assert!(n.notify(&[NotifyState::Ready]).is_err());
+    }
+
+    #[test]
+    fn messages_as_systemd_reads_them() {
+        assert_eq!(
+            message(&[
+                NotifyState::Ready,
+                NotifyState::Status("serving (2 sandboxes adopted at start)"),
+                NotifyState::MainPid(42),
+            ]),
+            "READY=1\nSTATUS=serving (2 sandboxes adopted at start)\nMAINPID=42"
+        );
+        assert_eq!(
+            message(&[NotifyState::Stopping, NotifyState::Status("stopping")]),
+            "STOPPING=1\nSTATUS=stopping"
+        );
+        assert_eq!(message(&[NotifyState::Watchdog]), "WATCHDOG=1");
     }
 }

@@ -157,8 +157,9 @@ pub fn load_token(
 }
 
 fn generate() -> String {
-    let a: u128 = rand::random();
-    let b: u128 = rand::random();
+    // 256 bits from the kernel's getrandom(2).
+    let a = sandbox_abi::random::u128();
+    let b = sandbox_abi::random::u128();
     format!("{a:032x}{b:032x}")
 }
 
@@ -233,5 +234,18 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn generated_tokens_are_256_bits_of_hex_and_fresh() {
+        let (a, b) = (generate(), generate());
+        assert_eq!(a.len(), 64);
+        assert!(a
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_ne!(a, b);
+        // Both halves are drawn (an all-zero half would be 2^-128).
+        assert_ne!(&a[..32], &"0".repeat(32));
+        assert_ne!(&a[32..], &"0".repeat(32));
     }
 }

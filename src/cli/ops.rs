@@ -1,15 +1,19 @@
 //! Operator commands that talk to the local daemon's API: `sandboxd ls`,
 //! `sandboxd inspect ID`, `sandboxd rm ID`. They read the same config and
 //! token as the daemon but never create a token (only the daemon does).
-//! A tiny blocking HTTP/1.1 client over TCP or a Unix socket: one request
-//! per connection, `Connection: close`.
+//! hyper's HTTP/1 client connection (`hyper::client::conn::http1`) over a
+//! tokio TCP or Unix stream, on a current-thread runtime of the command's
+//! own: one request per connection, `Connection: close`.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 use crate::api::auth;
@@ -78,7 +82,12 @@ enum Endpoint {
 struct Api {
     endpoint: Endpoint,
     token: String,
+    /// Drives the client connections (the commands are synchronous).
+    rt: tokio::runtime::Runtime,
 }
+
+/// How long a request may take, connection to last body byte.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The process environment over the daemon's env file, as the daemon sees
 /// it under systemd (`EnvironmentFile=`).
@@ -159,9 +168,15 @@ impl Api {
             cfg.token_file.as_deref(),
             &cfg.state_dir,
         )?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .context("starting the client's runtime")?;
         Ok(Api {
             endpoint,
             token: token.expose().to_string(),
+            rt,
         })
     }
 
@@ -173,37 +188,74 @@ impl Api {
 
     /// Like [`call`](Self::call), the body as bytes.
     fn call_raw(&self, method: &str, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\
-             Content-Length: 0\r\nConnection: close\r\n\r\n",
-            self.token
-        );
-        let timeout = Some(Duration::from_secs(120));
-        let raw = match &self.endpoint {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, "localhost")
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.token),
+            )
+            .header(http::header::CONTENT_LENGTH, "0")
+            .header(http::header::CONNECTION, "close")
+            .body(Empty::<Bytes>::new())
+            .context("building the request")?;
+        self.rt.block_on(async {
+            match tokio::time::timeout(CALL_TIMEOUT, self.send(req)).await {
+                Ok(r) => r,
+                Err(_) => Err(anyhow::anyhow!(
+                    "the daemon did not answer within {} s",
+                    CALL_TIMEOUT.as_secs()
+                )),
+            }
+        })
+    }
+
+    async fn send(&self, req: http::Request<Empty<Bytes>>) -> anyhow::Result<(u16, Vec<u8>)> {
+        match &self.endpoint {
             Endpoint::Tcp(a) => {
-                let mut s = std::net::TcpStream::connect(a)
+                let s = tokio::net::TcpStream::connect(a.as_str())
+                    .await
                     .with_context(|| format!("cannot connect to the daemon at {a}"))?;
-                s.set_read_timeout(timeout)?;
-                exchange(&mut s, &req)?
+                exchange(TokioIo::new(s), req).await
             }
             Endpoint::Unix(p) => {
-                let mut s = std::os::unix::net::UnixStream::connect(p).with_context(|| {
+                let s = tokio::net::UnixStream::connect(p).await.with_context(|| {
                     format!("cannot connect to the daemon at unix:{}", p.display())
                 })?;
-                s.set_read_timeout(timeout)?;
-                exchange(&mut s, &req)?
+                exchange(TokioIo::new(s), req).await
             }
-        };
-        parse_response(&raw)
+        }
     }
 }
 
-fn exchange(s: &mut (impl Read + Write), req: &str) -> anyhow::Result<Vec<u8>> {
-    s.write_all(req.as_bytes())?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)
+/// One request on a fresh connection; the status and the whole body
+/// (hyper undoes the chunked encoding).
+async fn exchange<S>(io: S, req: http::Request<Empty<Bytes>>) -> anyhow::Result<(u16, Vec<u8>)>
+where
+    S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .context("talking to the daemon")?;
+    // The connection is driven while we wait for the answer; it ends with
+    // the exchange (`Connection: close`) or when this command returns.
+    let conn = tokio::spawn(conn);
+    let resp = sender
+        .send_request(req)
+        .await
         .context("reading the daemon's answer")?;
-    Ok(out)
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .context("reading the daemon's answer")?
+        .to_bytes()
+        .to_vec();
+    drop(sender);
+    conn.abort();
+    Ok((status, body))
 }
 
 fn parse_url(u: &str) -> anyhow::Result<Endpoint> {
@@ -229,49 +281,6 @@ fn connect_addr(listen: &str) -> anyhow::Result<String> {
         });
     }
     Ok(a.to_string())
-}
-
-fn parse_response(raw: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("malformed HTTP response from the daemon")?;
-    let head = std::str::from_utf8(&raw[..end]).context("malformed HTTP response head")?;
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("malformed HTTP status line")?;
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let mut body = raw[end + 4..].to_vec();
-    if chunked {
-        body = dechunk(&body)?;
-    }
-    Ok((status, body))
-}
-
-fn dechunk(mut b: &[u8]) -> anyhow::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let nl = b
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .context("bad chunk")?;
-        let size = std::str::from_utf8(&b[..nl])?
-            .split(';')
-            .next()
-            .unwrap_or("");
-        let size = usize::from_str_radix(size.trim(), 16).context("bad chunk size")?;
-        b = &b[nl + 2..];
-        if size == 0 || b.len() < size {
-            return Ok(out);
-        }
-        out.extend_from_slice(&b[..size]);
-        b = b.get(size + 2..).unwrap_or(&[]);
-    }
 }
 
 fn detail(v: &Value) -> String {
@@ -450,21 +459,96 @@ pub fn rm(a: RmArgs) -> anyhow::Result<i32> {
 mod tests {
     use super::*;
 
+    /// A one-shot HTTP server on loopback that answers `response` and
+    /// hands back the request it read.
+    fn one_shot(response: &'static [u8]) -> (String, std::thread::JoinHandle<String>) {
+        use std::io::Read;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.ends_with(b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "request cut short");
+                req.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(response).unwrap();
+            String::from_utf8(req).unwrap()
+        });
+        (addr, h)
+    }
+
+    fn api(endpoint: Endpoint) -> Api {
+        Api {
+            endpoint,
+            token: "t0k3n".into(),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+
     #[test]
-    fn parses_responses() {
-        let json = |b: Vec<u8>| serde_json::from_slice::<Value>(&b).unwrap();
-        let (s, b) = parse_response(
-            b"HTTP/1.1 409 Conflict\r\ncontent-length: 13\r\n\r\n{\"detail\":\"x\"}",
-        )
-        .unwrap();
+    fn sends_the_token_and_reads_plain_and_chunked_answers() {
+        let (addr, h) = one_shot(
+            b"HTTP/1.1 409 Conflict\r\ncontent-length: 14\r\nconnection: close\r\n\r\n{\"detail\":\"x\"}",
+        );
+        let (s, v) = api(Endpoint::Tcp(addr))
+            .call("DELETE", "/api/sandboxes/a?expected_generation=g")
+            .unwrap();
         assert_eq!(s, 409);
-        assert_eq!(detail(&json(b)), "x");
-        let (s, b) = parse_response(
+        assert_eq!(detail(&v), "x");
+        let req = h.join().unwrap().to_ascii_lowercase();
+        assert!(
+            req.starts_with("delete /api/sandboxes/a?expected_generation=g http/1.1\r\n"),
+            "{req}"
+        );
+        assert!(req.contains("\r\nauthorization: bearer t0k3n\r\n"), "{req}");
+
+        let (addr, h) = one_shot(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n",
-        )
-        .unwrap();
+        );
+        let (s, v) = api(Endpoint::Tcp(addr)).call("GET", "/x").unwrap();
         assert_eq!(s, 200);
-        assert_eq!(json(b)["a"], 1);
+        assert_eq!(v["a"], 1);
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn no_daemon_is_a_clear_error() {
+        // A port nobody listens on: bound, then closed.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let e = api(Endpoint::Tcp(addr.clone()))
+            .call("GET", "/api/sandboxes")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("cannot connect to the daemon at {addr}")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("api.sock");
+        let e = api(Endpoint::Unix(sock.clone()))
+            .call("GET", "/api/sandboxes")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("cannot connect to the daemon at unix:{}", sock.display())
+        );
+    }
+
+    #[test]
+    fn a_cut_answer_is_an_error() {
+        let (addr, h) = one_shot(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"a\"");
+        let e = api(Endpoint::Tcp(addr)).call("GET", "/x").unwrap_err();
+        assert_eq!(e.to_string(), "reading the daemon's answer");
+        h.join().unwrap();
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::backend::Backend;
 use crate::config::{parse_dotenv, BackendKind, Config, LogFormat, ProcessEnv};
 use crate::lifecycle::{Lifecycle, Settings};
 use crate::metrics::Metrics;
-use crate::systemd::{ActivatedListener, Notifier, SystemdEnv};
+use crate::systemd::{ActivatedListener, Notifier, NotifyState, SystemdEnv};
 
 /// Sets up `tracing` (text or JSON on stderr, or journald's native
 /// protocol; `RUST_LOG` filters). `auto`: journald when `JOURNAL_STREAM`
@@ -215,7 +215,7 @@ fn activated(sd: &mut SystemdEnv) -> anyhow::Result<Vec<Listener>> {
 
 /// Sends a notification if systemd asked for them; a failure is logged,
 /// never fatal.
-fn notify(notifier: Option<&Notifier>, state: &str) {
+fn notify(notifier: Option<&Notifier>, state: &[NotifyState<'_>]) {
     if let Some(n) = notifier {
         if let Err(e) = n.notify(state) {
             warn!(socket = n.target(), error = %e, "cannot notify systemd");
@@ -267,11 +267,14 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
                 let mut tick = tokio::time::interval(every);
                 loop {
                     tick.tick().await;
-                    notify(Some(&n), "WATCHDOG=1");
+                    notify(Some(&n), &[NotifyState::Watchdog]);
                 }
             });
         }
-        notify(Some(n), "STATUS=reconciling existing sandboxes");
+        notify(
+            Some(n),
+            &[NotifyState::Status("reconciling existing sandboxes")],
+        );
     }
     if sd.listen_pid_mismatch {
         warn!("LISTEN_FDS is addressed to another process (LISTEN_PID is not ours): ignored");
@@ -371,14 +374,18 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
     // accept loops, started right below, take them).
     notify(
         notifier.as_ref(),
-        &format!(
-            "READY=1\nSTATUS=serving ({adopted} sandboxes adopted at start)\nMAINPID={}",
-            std::process::id()
-        ),
+        &[
+            NotifyState::Ready,
+            NotifyState::Status(&format!("serving ({adopted} sandboxes adopted at start)")),
+            NotifyState::MainPid(std::process::id()),
+        ],
     );
     let shutdown = async {
         signals.received().await;
-        notify(notifier.as_ref(), "STOPPING=1\nSTATUS=stopping");
+        notify(
+            notifier.as_ref(),
+            &[NotifyState::Stopping, NotifyState::Status("stopping")],
+        );
     };
     api::serve(
         state,

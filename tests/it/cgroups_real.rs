@@ -35,7 +35,7 @@ impl TestRoot {
             eprintln!("SKIP: no cgroup filesystem at /sys/fs/cgroup");
             return None;
         }
-        let parent = format!("sandboxd-test-{:08x}", rand::random::<u32>());
+        let parent = format!("sandboxd-test-{:08x}", (sandbox_abi::random::u64() as u32));
         let root = match CgroupRoot::detect(&parent) {
             Ok(r) => r,
             Err(e) => {
@@ -105,7 +105,10 @@ fn enter(cg: &SandboxCgroup, child: &Child) {
 }
 
 fn id(prefix: &str) -> String {
-    format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+    format!(
+        "{prefix}-{:06x}",
+        (sandbox_abi::random::u64() as u32) & 0xff_ffff
+    )
 }
 
 #[test]

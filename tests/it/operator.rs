@@ -139,6 +139,48 @@ async fn ls_inspect_rm_against_a_running_daemon() {
     assert!(stderr(&o).contains("401"), "{}", stderr(&o));
 }
 
+/// No daemon where the CLI looks: exit 1 with the address it tried and the
+/// OS's reason, over TCP and over a Unix socket; nothing on stdout.
+#[test]
+fn cli_without_a_daemon_says_where_it_looked() {
+    // A loopback port nobody listens on (bound, then closed).
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let tok = [("SANDBOX_PROVISIONER_TOKEN", TOKEN)];
+    let o = cli(&["ls", "--url", &format!("http://{addr}")], &tok);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "sandboxd: error: cannot connect to the daemon at {addr}: Connection refused"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let o = cli(
+        &[
+            "inspect",
+            "--url",
+            &format!("unix:{}", sock.display()),
+            "x1",
+        ],
+        &tok,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(&format!(
+            "cannot connect to the daemon at unix:{}: No such file or directory",
+            sock.display()
+        )),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// The CLI finds the daemon's generated token and its Unix socket through
 /// the config file, like the daemon does.
 #[test]

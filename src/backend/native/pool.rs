@@ -505,7 +505,7 @@ impl NativeBackend {
         };
         let b = self.clone();
         let started = tokio::task::spawn_blocking(move || {
-            let key = member_key(rand::random::<u64>());
+            let key = member_key(sandbox_abi::random::u64());
             let mut spec = member_sandbox_spec(&key, b.sandboxes.default_resources);
             spec.network = network;
             spec.identity.image = requested;

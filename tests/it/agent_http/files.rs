@@ -211,9 +211,12 @@ fn write_read_list_find_and_edit() {
 #[test]
 fn upload_and_download_are_streamed_and_byte_exact() {
     let agent = Agent::start(&[]);
-    let data: Vec<u8> = (0..3 * 1024 * 1024 + 17)
-        .map(|_| rand::random::<u8>())
-        .collect();
+    let len = 3 * 1024 * 1024 + 17;
+    let mut data: Vec<u8> = Vec::with_capacity(len);
+    while data.len() < len {
+        data.extend_from_slice(&sandbox_abi::random::bytes::<65536>());
+    }
+    data.truncate(len);
     let dest = agent.path("up/nested/blob.bin");
     let (ctype, body) = multipart(&[
         ("path", None, dest.to_str().unwrap().as_bytes()),

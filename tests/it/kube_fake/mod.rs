@@ -63,7 +63,7 @@ fn now() -> String {
 }
 
 fn new_uid() -> String {
-    let v: u128 = rand::random();
+    let v = sandbox_abi::random::u128();
     let h = format!("{v:032x}");
     format!(
         "{}-{}-{}-{}-{}",
