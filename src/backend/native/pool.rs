@@ -982,7 +982,7 @@ mod tests {
 
     #[test]
     fn a_member_key_is_never_a_sandbox_id() {
-        for bits in [0, 1, 0xdead_beef, u64::MAX, rand::random()] {
+        for bits in [0, 1, 0xdead_beef, u64::MAX, sandbox_abi::random::u64()] {
             let key = member_key(bits);
             assert_eq!(key.len(), ".pool-".len() + 16, "{key}");
             assert_eq!(
