@@ -63,6 +63,12 @@ pub struct Upstream<C> {
     pub conn: C,
     /// When it was last used (parked: when it was parked).
     pub last_used: Instant,
+    /// The thread it was made on: a connection worker, whose runtime's
+    /// I/O driver its socket is registered with. Used on another worker,
+    /// every readiness event of it would wake that worker's task from this
+    /// one's driver (an eventfd write and a cross-thread wake-up per
+    /// request), so the pool hands it out only on the thread it was made.
+    pub thread: std::thread::ThreadId,
 }
 
 impl<C> Upstream<C> {
@@ -72,6 +78,7 @@ impl<C> Upstream<C> {
             generation: generation.to_string(),
             conn,
             last_used: Instant::now(),
+            thread: std::thread::current().id(),
         }
     }
 
@@ -196,13 +203,18 @@ fn worth_keeping<C: Reusable>(u: &mut Upstream<C>) -> bool {
 }
 
 impl<C: Reusable> UpstreamPool<C> {
-    /// A parked connection to this incarnation, if one is left. Parked
+    /// A parked connection to this incarnation made on this thread (the
+    /// connection worker asking), if one is left: one made on another
+    /// worker stays for that worker (see [`Upstream::thread`]). Parked
     /// connections that expired or were closed by their sandbox (deleted
     /// meanwhile) go on the way.
     pub fn take(&self, id: &str, generation: &str) -> Option<Upstream<C>> {
+        let here = std::thread::current().id();
         let mut parked = lock(&self.parked);
         parked.retain_mut(worth_keeping);
-        let i = parked.iter().rposition(|u| u.is(id, generation))?;
+        let i = parked
+            .iter()
+            .rposition(|u| u.thread == here && u.is(id, generation))?;
         Some(parked.swap_remove(i))
     }
 
@@ -501,6 +513,39 @@ impl<F: Future> Future for Driven<F> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    /// A connection that is always still open.
+    struct Open;
+
+    impl Reusable for Open {
+        fn reusable(&mut self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_parked_connection_is_handed_out_only_on_the_thread_it_was_made() {
+        let pool = Arc::new(UpstreamPool::<Open>::default());
+        // Made and parked on another thread (another connection worker).
+        let p = pool.clone();
+        std::thread::spawn(move || p.park(std::iter::once(Upstream::new("a", "g1", Open))))
+            .join()
+            .unwrap();
+        assert_eq!(pool.parked(), 1);
+        assert!(pool.take("a", "g1").is_none(), "taken across threads");
+        // Made here: handed out here, and only for its incarnation.
+        pool.park(std::iter::once(Upstream::new("a", "g1", Open)));
+        assert!(pool.take("a", "g2").is_none());
+        let u = pool.take("a", "g1").expect("the one made on this thread");
+        assert_eq!(u.thread, std::thread::current().id());
+        assert_eq!(pool.parked(), 1, "the other thread's stays parked");
+        // A third thread gets nothing either.
+        let p = pool.clone();
+        let other = std::thread::spawn(move || p.take("a", "g1").is_some())
+            .join()
+            .unwrap();
+        assert!(!other);
+    }
 
     /// Counts the wake-ups of the task (the outer waker).
     #[derive(Default)]

@@ -831,9 +831,11 @@ async fn kept_connections_closed_by_the_sandbox_are_let_go() {
 /// Connections are served on `SANDBOXD_WORKER_THREADS` connection workers
 /// (threads `sandboxd-conn-N`) sharing the proxy's one pool of idle
 /// upstream connections: a connection reuses the one a closed connection
-/// parked, whichever worker each was served by.
+/// parked on its own worker, and never one parked on another worker (its
+/// socket belongs to that worker's I/O driver: every response would wake
+/// the other thread).
 #[tokio::test]
-async fn parked_upstream_connections_are_reused_across_connection_workers() {
+async fn parked_upstream_connections_are_reused_on_their_own_connection_worker() {
     let (d, mut rx) = daemon(&[("SANDBOXD_WORKER_THREADS", "2")]).await;
     let mut workers: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", d.pid()))
         .unwrap()
@@ -860,15 +862,21 @@ async fn parked_upstream_connections_are_reused_across_connection_workers() {
         let r = read_response(c, &mut buf, false).await.unwrap();
         assert_eq!(r.status, 200);
     };
-    // a and b on one worker each; a's upstream connection parked on a's.
+    // a and b on one worker each (A and B); a's upstream connection is
+    // parked on A when a closes.
     let mut a = open().await;
     let b = open().await;
     ask(&mut a).await;
     drop(a);
     settle().await;
-    // The next one goes to a's worker, so once b is gone the one after
-    // goes to b's: it takes the connection parked on the other worker.
-    let _c = open().await;
+    // c goes to A (the least busy) and takes the connection parked there.
+    let mut c = open().await;
+    ask(&mut c).await;
+    drop(c);
+    settle().await;
+    // x keeps A busy; once b is gone, e goes to B: the connection parked
+    // on A is not for it, it opens its own.
+    let _x = open().await;
     drop(b);
     settle().await;
     let mut e = open().await;
@@ -877,10 +885,11 @@ async fn parked_upstream_connections_are_reused_across_connection_workers() {
     while let Ok((conn, path)) = rx.try_recv() {
         seen.push((conn, path));
     }
-    assert_eq!(seen.len(), 2, "{seen:?}");
-    assert_eq!(
-        seen[0].0, seen[1].0,
-        "one upstream connection for both: {seen:?}"
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(seen[0].0, seen[1].0, "reused on its own worker: {seen:?}");
+    assert_ne!(
+        seen[0].0, seen[2].0,
+        "a connection parked on another worker was used: {seen:?}"
     );
 }
 
