@@ -106,24 +106,17 @@ mod tests {
     }
 
     #[test]
-    fn damaged_bytes_are_refused() {
+    fn damaged_bytes_are_refused_with_sandbox_abis_message() {
+        // The cases are sandbox-abi's (`bpf::tests`); this wrapper only
+        // keeps its message.
         let (_, _, filters) = crate::load_and_compile(None).unwrap();
         let bytes = filters.to_bytes();
-        for (what, b) in [
-            ("empty", Vec::new()),
-            ("truncated", bytes[..bytes.len() - 3].to_vec()),
-            ("trailing", [bytes.as_slice(), b"x"].concat()),
-            ("magic", [b"SBXBPF2\n".as_slice(), &bytes[8..]].concat()),
-            (
-                "no filter",
-                [MAGIC.as_slice(), &0u32.to_le_bytes()].concat(),
-            ),
-        ] {
-            let e = decode(&b, "/state/seccomp.bpf").unwrap_err().to_string();
-            assert!(
-                e.contains("/state/seccomp.bpf") && e.contains("not a compiled filter stack"),
-                "{what}: {e}"
-            );
-        }
+        let e = decode(&bytes[..bytes.len() - 3], "/state/seccomp.bpf")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/state/seccomp.bpf") && e.contains("not a compiled filter stack"),
+            "{e}"
+        );
     }
 }
