@@ -20,16 +20,8 @@ fn state(d: &Daemon, id: &str) -> serde_json::Value {
     d.sandbox_state(id)
 }
 
-/// Keys of the unclaimed members (their state directories).
 fn members(d: &Daemon) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(d.state_dir.path().join("sandboxes"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(".pool-"))
-        .collect();
-    v.sort();
-    v
+    d.pool_members()
 }
 
 fn attach_points(d: &Daemon) -> Vec<String> {

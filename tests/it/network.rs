@@ -783,16 +783,8 @@ fn probe_once(targets: &[(String, u16)]) -> (Vec<String>, ()) {
     (reached, ())
 }
 
-/// Keys of the unclaimed pool members (their state directories).
 fn members(d: &Daemon) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(d.state_dir.path().join("sandboxes"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(".pool-"))
-        .collect();
-    v.sort();
-    v
+    d.pool_members()
 }
 
 /// #32 §1: with the daemon's table deleted, then the whole ruleset

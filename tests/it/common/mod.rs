@@ -549,6 +549,18 @@ impl Daemon {
         d
     }
 
+    /// Keys of the unclaimed pool members (their state directories).
+    pub fn pool_members(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.state_dir.path().join("sandboxes"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with(".pool-"))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The `state.json` of sandbox (or pool member) `id`.
     pub fn sandbox_state(&self, id: &str) -> serde_json::Value {
         let p = self
