@@ -155,14 +155,12 @@ impl Default for ProxySettings {
 
 /// Keeps only the allowed response headers (and `content-length`): a
 /// sandbox must not set `Set-Cookie`, `Location` or anything else on a
-/// response the platform receives. Works in place (no new map per
-/// response).
+/// response the platform receives.
 fn allowed_response_headers(headers: &mut HeaderMap, allowed: &[HeaderName]) {
-    filter_headers(headers, Known::dropped_from_responses);
-    let keep = |name: &HeaderName| name == header::CONTENT_LENGTH || allowed.contains(name);
-    while let Some(name) = headers.keys().find(|n| !keep(n)).cloned() {
-        headers.remove(name);
-    }
+    filter_headers(headers, |name| {
+        !Known::dropped_from_responses(known(name.as_str()))
+            && (name == header::CONTENT_LENGTH || allowed.contains(name))
+    });
 }
 
 /// The request body sent to a sandbox: the client's, plus a signal when
@@ -349,25 +347,42 @@ impl Drop for PinnedBody {
     }
 }
 
-/// Drops the headers named in `Connection` (hop-by-hop too), then those
-/// in `drop` (looked for among the few headers present, rather than
-/// hashing every name of `drop`).
-fn filter_headers(headers: &mut HeaderMap, drop: fn(Known) -> bool) {
-    if headers.contains_key(header::CONNECTION) {
-        let listed: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
-        for name in listed {
+/// Keeps the headers `keep` accepts, except those named in `Connection`
+/// (hop-by-hop too). The names to drop are gathered a few at a time on the
+/// stack in one scan, then removed (no allocation unless `Connection`
+/// names some).
+fn filter_headers(headers: &mut HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    loop {
+        let mut doomed: [Option<HeaderName>; 8] = Default::default();
+        let mut n = 0;
+        for name in headers.keys() {
+            if !keep(name) || listed.contains(name) {
+                doomed[n] = Some(name.clone());
+                n += 1;
+                if n == doomed.len() {
+                    break;
+                }
+            }
+        }
+        for name in doomed.into_iter().flatten() {
             headers.remove(name);
         }
+        if n < 8 {
+            return;
+        }
     }
-    while let Some(name) = headers.keys().find(|n| drop(known(n.as_str()))).cloned() {
-        headers.remove(name);
-    }
+}
+
+/// Whether a request header goes on to the sandbox.
+fn forwarded_request_header(name: &HeaderName) -> bool {
+    !Known::dropped_from_requests(known(name.as_str()))
 }
 
 /// What every request forwarded to one incarnation carries: the backend's
@@ -440,16 +455,26 @@ async fn admit(lc: &Lifecycle, conn: &ConnUpstreams, id: &str) -> Result<ProxyPi
 
 /// The first frame of a response body when it is there at once (it came
 /// with the head): `None` when the body has to be waited for.
+///
+/// The upstream connection decodes what it read with the head when it is
+/// polled again, so this looks up to twice more, each time after one more
+/// round of the connection's task ([`upstream::Driven`]: waking it while
+/// it polls only makes it go round once more; `yield_now` would go through
+/// the scheduler and its I/O driver instead).
 async fn ready_frame(body: &mut Incoming) -> Option<Option<Result<Frame<Bytes>, hyper::Error>>> {
-    // Once more after the connection's task went round (the upstream
-    // connection decodes what it read with the head when polled again).
-    for _ in 0..2 {
-        if let Poll::Ready(f) = futures_util::poll!(body.frame()) {
-            return Some(f);
+    let mut rounds = 2;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(f) = Pin::new(&mut *body).poll_frame(cx) {
+            return Poll::Ready(Some(f));
         }
-        tokio::task::yield_now().await;
-    }
-    None
+        if rounds == 0 {
+            return Poll::Ready(None);
+        }
+        rounds -= 1;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
 }
 
 /// Proxies `req` to sandbox `id` at `/{rest}?{query}`, on an upstream
@@ -499,12 +524,14 @@ pub async fn forward(
         (hyper::upgrade::on(&mut req), protocol)
     });
     let (mut parts, body) = req.into_parts();
-    filter_headers(&mut parts.headers, Known::dropped_from_requests);
+    filter_headers(&mut parts.headers, forwarded_request_header);
     parts.headers.remove(header::CONTENT_LENGTH);
     if let Some(n) = body.size_hint().exact() {
-        parts
-            .headers
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        let n = match n {
+            0 => HeaderValue::from_static("0"),
+            n => HeaderValue::from(n),
+        };
+        parts.headers.insert(header::CONTENT_LENGTH, n);
     }
     if let Some((_, Some(protocol))) = &upgrade {
         parts.headers.insert(header::UPGRADE, protocol.clone());
@@ -559,6 +586,7 @@ pub async fn forward(
         }
     };
     let resp = tokio::select! {
+        biased;
         r = send => r.map_err(|e| {
             let msg = match e {
                 UpstreamError::Connect(e) => e.to_string(),
@@ -703,7 +731,7 @@ mod tests {
         h.insert("x-secret", "1".parse().unwrap());
         h.insert("content-type", "text/plain".parse().unwrap());
         h.insert(sandbox_abi::credential::HEADER, "forged".parse().unwrap());
-        filter_headers(&mut h, Known::dropped_from_requests);
+        filter_headers(&mut h, forwarded_request_header);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("content-type"));
     }
