@@ -1656,6 +1656,83 @@ mod tests {
         assert!(c.validate().is_err());
     }
 
+    /// The messages of a bad word, per key: the environment's name the
+    /// variable, the value and every valid word; the file's name the key.
+    #[test]
+    fn bad_words_name_the_key_and_the_words() {
+        for (name, value, want) in [
+            (
+                "PROVISIONER_BACKEND",
+                " Podman",
+                "unknown backend \"podman\" (expected native, kubernetes or memory)",
+            ),
+            (
+                "SANDBOXD_LOG_FORMAT",
+                "JSON",
+                "\"JSON\" is not auto, text, json or journald",
+            ),
+            (
+                "SANDBOXD_NETWORK",
+                " bridge ",
+                "network mode \"bridge\" is not egress or none",
+            ),
+            (
+                "SANDBOXD_USERNS",
+                "maybe",
+                "userns.mode \"maybe\" is not auto, on or off",
+            ),
+        ] {
+            let e = Config::load(None, &env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(e, format!("environment variable {name}: {want}"));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        for (toml, want) in [
+            (
+                "backend = \"docker\"\n",
+                "unknown variant `docker`, expected one of `native`, `kubernetes`, `memory`",
+            ),
+            (
+                "log_format = \"JSON\"\n",
+                "unknown variant `JSON`, expected one of `auto`, `text`, `json`, `journald`",
+            ),
+            (
+                "[network]\nmode = \"bridge\"\n",
+                "unknown variant `bridge`, expected `egress` or `none`",
+            ),
+            (
+                "[[pool.extra]]\nnetwork = \"bridge\"\nsize = 1\n",
+                "unknown variant `bridge`, expected `egress` or `none`",
+            ),
+            (
+                "[userns]\nmode = \"maybe\"\n",
+                "userns.mode \"maybe\" is not auto, on or off",
+            ),
+            (
+                "[kubernetes]\nseccomp = \"unconfined\"\n",
+                "kubernetes.seccomp \"unconfined\" is not localhost or runtime-default",
+            ),
+            (
+                "[kubernetes]\nconnect_mode = \"hostport\"\n",
+                "kubernetes.connect_mode \"hostport\" is not pod-ip, service or nodeport",
+            ),
+            (
+                "[kubernetes]\nnetwork_policy = \"none\"\n",
+                "kubernetes.network_policy \"none\" is not create or external",
+            ),
+            (
+                "[kubernetes]\nconnect_mode = 3\n",
+                "invalid type: integer `3`, expected a string",
+            ),
+        ] {
+            std::fs::write(&p, toml).unwrap();
+            let e = Config::load(Some(&p), &env(&[])).unwrap_err().to_string();
+            assert!(e.contains(want), "{toml}: {e}");
+        }
+    }
+
     #[test]
     fn dotenv() {
         let m = parse_dotenv("# c\nA=1\nexport B=\"two words\"\nC='x=y'\n\n").unwrap();
