@@ -243,52 +243,6 @@ impl std::fmt::Display for KubeSeccomp {
     }
 }
 
-/// Node defaults and maxima for sandbox resources.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Limits {
-    pub memory_mb: u64,
-    pub cpus: f64,
-    pub pids: u64,
-    pub max_memory_mb: u64,
-    pub max_cpus: f64,
-    pub max_pids: u64,
-    /// Size cap of `/tmp` inside a sandbox.
-    pub tmp_size_mb: u64,
-    /// Size cap of `/home/gem` (and of an ephemeral user-data tmpfs).
-    pub home_size_mb: u64,
-}
-
-impl Limits {
-    /// What a create request is checked against: the node defaults and
-    /// maxima, without the tmpfs sizes.
-    pub fn resources(&self) -> ResourceLimits {
-        ResourceLimits {
-            memory_mb: self.memory_mb,
-            cpus: self.cpus,
-            pids: self.pids,
-            max_memory_mb: self.max_memory_mb,
-            max_cpus: self.max_cpus,
-            max_pids: self.max_pids,
-        }
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            memory_mb: 2048,
-            cpus: 1.0,
-            pids: 512,
-            max_memory_mb: 8192,
-            max_cpus: 4.0,
-            max_pids: 4096,
-            tmp_size_mb: 512,
-            home_size_mb: 512,
-        }
-    }
-}
-
 /// Settings of the node-local backend.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -797,7 +751,8 @@ pub struct Config {
     /// (`MEMORY_CREATE_DELAY_MS`, tests). Environment only.
     #[serde(skip)]
     pub memory_create_delay_ms: u64,
-    pub limits: Limits,
+    /// `[limits]`: the node defaults and maxima of sandbox resources.
+    pub limits: ResourceLimits,
     /// Set when `PROVISIONER_BACKEND` used an alias (`docker`, `local`): the
     /// value, for the daemon to log once logging is set up (the config is
     /// read before the log format is known).
@@ -841,7 +796,7 @@ impl Default for Config {
             log_format: LogFormat::Auto,
             worker_threads: None,
             memory_create_delay_ms: 0,
-            limits: Limits::default(),
+            limits: ResourceLimits::default(),
             backend_alias: None,
             native: NativeConfig::default(),
             kubernetes: KubeConfig::default(),
@@ -1166,18 +1121,9 @@ impl Config {
             .filter_map(|i| sandbox_image::reference::normalize(i).ok())
             .collect();
         self.pool.validate(&allowed)?;
-        let l = &self.limits;
-        if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
-            return Err(ConfigError::Invalid(
-                "limits: a node default is above its maximum".into(),
-            ));
-        }
-        if l.cpus <= 0.0 || l.memory_mb == 0 || l.pids == 0 {
-            return Err(ConfigError::Invalid(
-                "limits: defaults must be positive".into(),
-            ));
-        }
-        Ok(())
+        self.limits
+            .validate()
+            .map_err(|m| ConfigError::Invalid(m.into()))
     }
 }
 

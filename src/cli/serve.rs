@@ -318,7 +318,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         idle_timeout: idle_timeout.map(Duration::from_secs),
         idle_check_interval: Duration::from_secs(cfg.idle_check_interval_seconds),
         global_env: global_env(&cfg)?,
-        limits: cfg.limits.clone(),
+        limits: cfg.limits,
         delete_grace: Duration::from_secs(cfg.delete_grace_seconds),
         stop_timeout: Duration::from_secs(cfg.stop_timeout_seconds),
         allowed_images: cfg

@@ -42,12 +42,7 @@ fn config() -> Config {
 fn spec_of(body: serde_json::Value) -> SandboxSpec {
     let cfg = config();
     let global = BTreeMap::from([("NODE_GLOBAL".to_string(), "g".to_string())]);
-    SandboxSpec::from_request(
-        serde_json::from_value(body).unwrap(),
-        &global,
-        &cfg.limits.resources(),
-    )
-    .unwrap()
+    SandboxSpec::from_request(serde_json::from_value(body).unwrap(), &global, &cfg.limits).unwrap()
 }
 
 fn persistent() -> SandboxSpec {

@@ -293,7 +293,7 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
         // the base spec's rules as they are.
         device_rules_enforced: true,
         container_port: cfg.container_port,
-        limits: cfg.limits.clone(),
+        limits: cfg.limits,
         exec_cap_seconds: cfg.agent_exec_cap_seconds(),
     })
 }
