@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use sandbox_abi::request::ResourceLimits;
-use serde::{Deserialize, Serialize};
+use serde::de::{value::StrDeserializer, DeserializeOwned};
+use serde::{Deserialize, Deserializer, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,6 +26,95 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// `s` as a value of an enum whose serde derive spells its words (the
+/// derive's names are the one table of spellings): for the environment's
+/// values, and the file's keys whose errors name the key ([`KeyWord`]).
+pub fn parse_word<T: DeserializeOwned>(s: &str) -> Result<T, WordError> {
+    T::deserialize(StrDeserializer::<WordError>::new(s))
+}
+
+/// Why a string is not one of an enum's words.
+#[derive(Debug)]
+pub enum WordError {
+    /// `"x" is not a, b or c`.
+    Unknown {
+        value: String,
+        words: &'static [&'static str],
+    },
+    Other(String),
+}
+
+impl WordError {
+    /// The valid words: `a, b or c`.
+    pub fn words(&self) -> String {
+        let words = match self {
+            WordError::Unknown { words, .. } => *words,
+            WordError::Other(_) => &[],
+        };
+        match words.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => words.join(""),
+        }
+    }
+}
+
+impl std::fmt::Display for WordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WordError::Unknown { value, .. } => write!(f, "{value:?} is not {}", self.words()),
+            WordError::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for WordError {}
+
+impl serde::de::Error for WordError {
+    fn custom<T: std::fmt::Display>(msg: T) -> Self {
+        WordError::Other(msg.to_string())
+    }
+
+    fn unknown_variant(value: &str, words: &'static [&'static str]) -> Self {
+        WordError::Unknown {
+            value: value.to_string(),
+            words,
+        }
+    }
+}
+
+/// An enum that is the value of one key, whose errors name the key
+/// (`kubernetes.seccomp "x" is not localhost or runtime-default`), in
+/// the file ([`key_word`]) as in the environment.
+pub trait KeyWord: DeserializeOwned {
+    /// The key, as errors name it.
+    const KEY: &'static str;
+
+    /// `s` as a value of the key.
+    fn parse_at_key(s: &str) -> Result<Self, String> {
+        parse_word(s).map_err(|e| format!("{} {e}", Self::KEY))
+    }
+}
+
+/// `#[serde(deserialize_with = "...")]` of a [`KeyWord`] field: a string,
+/// parsed by [`KeyWord::parse_at_key`] (serde's own error names neither
+/// the key nor the value as written).
+pub fn key_word<'de, T: KeyWord, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+    let s = String::deserialize(d)?;
+    T::parse_at_key(&s).map_err(serde::de::Error::custom)
+}
+
+/// `Display` of enums as the configuration spells them (their serde
+/// names), for log lines and messages.
+macro_rules! display_as_word {
+    ($($t:ty),+ $(,)?) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                serde::Serialize::serialize(self, f)
+            }
+        }
+    )+};
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
@@ -34,18 +124,20 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    /// Parses a `PROVISIONER_BACKEND` value; `docker` and `local` are
-    /// accepted aliases of `native` (the second element says so).
+    /// Parses a `PROVISIONER_BACKEND` (or `--backend`) value, in any case:
+    /// `docker` and `local` are accepted aliases of `native` (the second
+    /// element says so), `k8s` of `kubernetes`. The file takes only the
+    /// names.
     pub fn parse(s: &str) -> Result<(BackendKind, bool), String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "native" => Ok((BackendKind::Native, false)),
-            "docker" | "local" => Ok((BackendKind::Native, true)),
-            "kubernetes" | "k8s" => Ok((BackendKind::Kubernetes, false)),
-            "memory" => Ok((BackendKind::Memory, false)),
-            other => Err(format!(
-                "unknown backend {other:?} (expected native, kubernetes or memory)"
-            )),
-        }
+        let s = s.trim().to_ascii_lowercase();
+        let (name, alias) = match s.as_str() {
+            "docker" | "local" => ("native", true),
+            "k8s" => ("kubernetes", false),
+            other => (other, false),
+        };
+        let kind = parse_word(name)
+            .map_err(|e| format!("unknown backend {name:?} (expected {})", e.words()))?;
+        Ok((kind, alias))
     }
 }
 
@@ -77,28 +169,14 @@ impl LogFormat {
     }
 }
 
-impl std::str::FromStr for LogFormat {
-    type Err = String;
-
-    /// Parses a `SANDBOXD_LOG_FORMAT` value (exact spelling).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "json" => Ok(LogFormat::Json),
-            "text" => Ok(LogFormat::Text),
-            "auto" => Ok(LogFormat::Auto),
-            "journald" => Ok(LogFormat::Journald),
-            _ => Err(format!("{s:?} is not auto, text, json or journald")),
-        }
-    }
-}
-
 /// How the daemon reaches a sandbox of the Kubernetes backend
 /// (`[kubernetes] connect_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ConnectMode {
     /// `pod-ip` (default; the daemon runs in the cluster):
     /// `<podIP>:<container port>`, the Service is `ClusterIP`.
+    #[serde(rename = "pod-ip")]
     PodIp,
     /// `service`: the `ClusterIP` of the sandbox's Service.
     Service,
@@ -109,48 +187,14 @@ pub enum ConnectMode {
     NodePort,
 }
 
-impl ConnectMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConnectMode::PodIp => "pod-ip",
-            ConnectMode::Service => "service",
-            ConnectMode::NodePort => "nodeport",
-        }
-    }
-}
-
-impl TryFrom<String> for ConnectMode {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "pod-ip" => Ok(ConnectMode::PodIp),
-            "service" => Ok(ConnectMode::Service),
-            "nodeport" => Ok(ConnectMode::NodePort),
-            other => Err(format!(
-                "kubernetes.connect_mode {other:?} is not pod-ip, service or nodeport"
-            )),
-        }
-    }
-}
-
-/// Written as its configuration spelling (for `sandboxd config default`).
-impl Serialize for ConnectMode {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl std::fmt::Display for ConnectMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
+impl KeyWord for ConnectMode {
+    const KEY: &'static str = "kubernetes.connect_mode";
 }
 
 /// Who makes the NetworkPolicy of sandbox Pods (`[kubernetes]
 /// network_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum NetworkPolicyMode {
     /// `create` (default): one per sandbox, owned by its Pod; the daemon
     /// refuses to start when it may not create NetworkPolicies.
@@ -159,46 +203,14 @@ pub enum NetworkPolicyMode {
     External,
 }
 
-impl NetworkPolicyMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NetworkPolicyMode::Create => "create",
-            NetworkPolicyMode::External => "external",
-        }
-    }
-}
-
-impl TryFrom<String> for NetworkPolicyMode {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "create" => Ok(NetworkPolicyMode::Create),
-            "external" => Ok(NetworkPolicyMode::External),
-            other => Err(format!(
-                "kubernetes.network_policy {other:?} is not create or external"
-            )),
-        }
-    }
-}
-
-/// Written as its configuration spelling (for `sandboxd config default`).
-impl Serialize for NetworkPolicyMode {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl std::fmt::Display for NetworkPolicyMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
+impl KeyWord for NetworkPolicyMode {
+    const KEY: &'static str = "kubernetes.network_policy";
 }
 
 /// Which seccomp profile the Pods of the Kubernetes backend run under
 /// (`[kubernetes] seccomp`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum KubeSeccomp {
     /// `localhost`: our profile, installed on every node under the kubelet
     /// seccomp root (`seccomp_localhost_profile`).
@@ -207,41 +219,11 @@ pub enum KubeSeccomp {
     RuntimeDefault,
 }
 
-impl KubeSeccomp {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KubeSeccomp::Localhost => "localhost",
-            KubeSeccomp::RuntimeDefault => "runtime-default",
-        }
-    }
+impl KeyWord for KubeSeccomp {
+    const KEY: &'static str = "kubernetes.seccomp";
 }
 
-impl TryFrom<String> for KubeSeccomp {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "localhost" => Ok(KubeSeccomp::Localhost),
-            "runtime-default" => Ok(KubeSeccomp::RuntimeDefault),
-            other => Err(format!(
-                "kubernetes.seccomp {other:?} is not localhost or runtime-default"
-            )),
-        }
-    }
-}
-
-/// Written as its configuration spelling (for `sandboxd config default`).
-impl Serialize for KubeSeccomp {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl std::fmt::Display for KubeSeccomp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_word!(ConnectMode, KubeSeccomp);
 
 /// Settings of the node-local backend.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -407,8 +389,10 @@ pub struct KubeConfig {
     /// then get scratch space that vanishes with their Pod.
     pub allow_ephemeral_user_data: bool,
     /// `pod-ip` (default), `service` or `nodeport`.
+    #[serde(deserialize_with = "key_word")]
     pub connect_mode: ConnectMode,
     /// `localhost` (our profile installed on nodes) or `runtime-default`.
+    #[serde(deserialize_with = "key_word")]
     pub seccomp: KubeSeccomp,
     /// Path of the Localhost profile relative to the kubelet seccomp root.
     pub seccomp_localhost_profile: String,
@@ -418,6 +402,7 @@ pub struct KubeConfig {
     /// `hostUsers: false` (a user namespace per Pod).
     pub user_namespaces: bool,
     /// `create` (default) or `external`.
+    #[serde(deserialize_with = "key_word")]
     pub network_policy: NetworkPolicyMode,
     /// Ingress to sandbox Pods is admitted only from Pods matching these
     /// labels in namespaces matching `ingress_namespace_labels`.
@@ -535,7 +520,7 @@ impl Default for NetworkConfig {
 /// Whether native sandboxes get a user namespace (`[userns] mode`,
 /// `SANDBOXD_USERNS`; see `docs/security.md#user-namespaces`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(try_from = "String", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
 pub enum UsernsMode {
     /// `auto` (default): on when the kernel and the filesystems of the
     /// user-data and skills roots (and the other bound paths) support
@@ -549,26 +534,11 @@ pub enum UsernsMode {
     Off,
 }
 
-impl std::str::FromStr for UsernsMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(UsernsMode::Auto),
-            "on" => Ok(UsernsMode::On),
-            "off" => Ok(UsernsMode::Off),
-            other => Err(format!("userns.mode {other:?} is not auto, on or off")),
-        }
-    }
+impl KeyWord for UsernsMode {
+    const KEY: &'static str = "userns.mode";
 }
 
-impl TryFrom<String> for UsernsMode {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        s.parse()
-    }
-}
+display_as_word!(UsernsMode);
 
 /// Host ids of one sandbox's user namespace: container ids `0..65536`.
 pub const USERNS_SLOT: u32 = 65536;
@@ -652,6 +622,7 @@ impl PoolConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UsernsConfig {
+    #[serde(deserialize_with = "key_word")]
     pub mode: UsernsMode,
     /// The first host uid/gid of the pool the sandboxes' ranges come from
     /// (default 2^31, far above any real user or the usual
@@ -881,9 +852,9 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_LOG_FORMAT", Setter::Any(set_log_format)),
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
-    ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = parse_word(v.trim()).map_err(|e| format!("network mode {e}"))?; Ok(()) })),
     ("SANDBOXD_POOL_SIZE", Setter::Parsed(|c, v| parse_into(&mut c.pool.size, v))),
-    ("SANDBOXD_USERNS", Setter::Parsed(|c, v| { c.userns.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_USERNS", Setter::Parsed(|c, v| { c.userns.mode = UsernsMode::parse_at_key(v.trim())?; Ok(()) })),
     ("SANDBOXD_USERNS_RANGE_START", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_start, v))),
     ("SANDBOXD_USERNS_RANGE_COUNT", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_count, v))),
     ("SANDBOXD_NETWORK_SUBNET", Setter::Text(|c, v| c.network.subnet = v)),
@@ -932,7 +903,7 @@ fn set_backend(c: &mut Config, v: &str) -> Result<(), String> {
 /// `journald` exactly.
 fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
     if !v.is_empty() {
-        c.log_format = v.parse()?;
+        c.log_format = parse_word(v).map_err(|e| e.to_string())?;
     }
     Ok(())
 }

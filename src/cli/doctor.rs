@@ -171,7 +171,7 @@ fn userns(cfg: &Config) -> Finding {
             Need::Optional,
             format!(
                 "on ([userns] mode = \"{}\"): idmapped mounts work on the user-data and skills roots",
-                if cfg.userns.mode == UsernsMode::On { "on" } else { "auto" }
+                cfg.userns.mode
             ),
         ),
         Err(e) => Finding::bad(
