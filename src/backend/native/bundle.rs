@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use oci_spec::runtime::{LinuxSeccomp, Mount, MountBuilder, Spec};
 use sandbox_abi::request::ResourceLimits;
 
-use crate::config::NativeConfig;
+use super::NativeConfig;
 use crate::model::{Identity, SandboxSpec, StorageMode};
 use sandbox_abi::layout::{self, GUEST};
 
