@@ -597,6 +597,16 @@ pub(crate) fn load_toml(toml: &str, env: &[(&str, &str)]) -> Result<Config, Conf
     Config::load(Some(&p), &test_env(env))
 }
 
+/// Loading each `(toml, want)` fails with an error that says `want`
+/// (tests).
+#[cfg(test)]
+pub(crate) fn assert_load_errors(cases: &[(&str, &str)]) {
+    for (toml, want) in cases {
+        let e = load_toml(toml, &[]).unwrap_err().to_string();
+        assert!(e.contains(want), "{toml}: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -811,7 +821,7 @@ mod tests {
                 .to_string();
             assert_eq!(e, format!("environment variable {name}: {want}"));
         }
-        for (toml, want) in [
+        assert_load_errors(&[
             (
                 "backend = \"docker\"\n",
                 "unknown variant `docker`, expected one of `native`, `kubernetes`, `memory`",
@@ -828,10 +838,7 @@ mod tests {
                 "[[pool.extra]]\nnetwork = \"bridge\"\nsize = 1\n",
                 "unknown variant `bridge`, expected `egress` or `none`",
             ),
-        ] {
-            let e = load_toml(toml, &[]).unwrap_err().to_string();
-            assert!(e.contains(want), "{toml}: {e}");
-        }
+        ]);
     }
 
     #[test]
