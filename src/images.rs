@@ -14,10 +14,44 @@ use oci_spec::runtime::Spec;
 use sandbox_image::pull::{PullOptions, RegistryOptions};
 use sandbox_image::unpack::UnpackLimits;
 use sandbox_image::{CommitOptions, Digest, ImageRecord, MountPoint, NoProgress, Progress, Store};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
+
+/// OCI images as native sandbox root filesystems (`[images]`, see
+/// `docs/images.md`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// The image every native sandbox runs (`SANDBOX_IMAGE`); unset: the
+    /// host's `/usr` (`[native] rootfs_binds`). The Kubernetes backend uses
+    /// it as the Pod image when set (else the top-level `sandbox_image`).
+    pub default: Option<String>,
+    /// References a create may name in its `"image"` field (400 otherwise).
+    pub allowed: Vec<String>,
+    /// A Docker-style `config.json` (`auths`) with registry credentials
+    /// (`SANDBOXD_IMAGES_AUTH_FILE`).
+    pub auth_file: Option<PathBuf>,
+    /// `host:port` of registries spoken to over plain HTTP
+    /// (`SANDBOXD_INSECURE_REGISTRIES`, comma-separated).
+    pub insecure_registries: Vec<String>,
+    /// Largest total of regular-file bytes one image may unpack to.
+    pub max_unpacked_mb: u64,
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        ImagesConfig {
+            default: None,
+            allowed: Vec::new(),
+            auth_file: None,
+            insecure_registries: Vec::new(),
+            max_unpacked_mb: 20 * 1024,
+        }
+    }
+}
 
 /// An image a sandbox runs: where its root is and what env it brings.
 #[derive(Debug, Clone)]
@@ -320,4 +354,37 @@ pub fn image_users(state_dir: &Path, digest: &Digest) -> Vec<String> {
     }
     users.sort();
     users
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_env;
+
+    #[test]
+    fn images_settings() {
+        let c = Config::load(
+            None,
+            &test_env(&[
+                ("SANDBOX_IMAGE", "127.0.0.1:5000/tools:1"),
+                (
+                    "SANDBOXD_INSECURE_REGISTRIES",
+                    "127.0.0.1:5000, localhost:5001",
+                ),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.images.default.as_deref(), Some("127.0.0.1:5000/tools:1"));
+        assert_eq!(c.kube_sandbox_image(), "127.0.0.1:5000/tools:1");
+        assert_eq!(
+            c.images.insecure_registries,
+            vec!["127.0.0.1:5000", "localhost:5001"]
+        );
+        // The top-level key stays the Kubernetes backend's only.
+        let c: Config =
+            toml::from_str("sandbox_image = \"x:1\"\n[images]\nallowed = [\"a:1\"]\n").unwrap();
+        assert_eq!(c.kube_sandbox_image(), "x:1");
+        assert_eq!(c.images.default, None);
+        assert_eq!(c.images.allowed, vec!["a:1"]);
+    }
 }

@@ -88,12 +88,8 @@ async fn the_list_shows_every_change_at_once() {
 
     // Adoption of what the backend runs and the lifecycle did not admit
     // (a restart).
-    let spec = SandboxSpec::from_request(
-        req("c", "t"),
-        &BTreeMap::new(),
-        &crate::config::Limits::default().resources(),
-    )
-    .unwrap();
+    let spec =
+        SandboxSpec::from_request(req("c", "t"), &BTreeMap::new(), &Default::default()).unwrap();
     backend.create(&spec, Duration::from_secs(1)).await.unwrap();
     assert_eq!(json(&listed(&st).await)["count"], 1, "not admitted yet");
     assert_eq!(lc.adopt_existing().await.unwrap(), 2);

@@ -30,10 +30,12 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::upstream::{self, lock, ConnUpstreams, UpstreamError};
 use super::RespBody;
+use crate::config::{Config, ConfigError};
 use crate::lifecycle::{Lifecycle, ProxyPin};
 use crate::model::SandboxRecord;
 
@@ -119,6 +121,89 @@ impl Known {
     }
 }
 
+/// The response headers a sandbox may set on what the platform receives
+/// (the replaced provisioner's allow-list); `content-length` is always
+/// kept (framing) and hop-by-hop headers are always dropped.
+pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-disposition",
+    "cache-control",
+    "etag",
+    "last-modified",
+];
+
+/// Settings of the streaming proxy (`[proxy]`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Response headers copied back from a sandbox (case-insensitive);
+    /// every other one is dropped.
+    pub response_headers: Vec<String>,
+    /// Longest wait for a sandbox's response head once the request body
+    /// is sent (default: the exec timeout + 30 s, so it never cuts an exec
+    /// the agent answers in time).
+    pub head_timeout_seconds: Option<u64>,
+    /// Longest pause between two parts of a response body coming from a
+    /// sandbox.
+    pub body_idle_timeout_seconds: u64,
+    /// No effect: it chose between the hand-written relay and hyper, and
+    /// hyper now serves every proxied request (issue #31). Still accepted
+    /// so configurations that set it load.
+    pub relay: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            response_headers: DEFAULT_PROXY_RESPONSE_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            head_timeout_seconds: None,
+            body_idle_timeout_seconds: 60,
+            relay: true,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The allowed response headers as header names (lower-cased).
+    pub fn response_header_names(&self) -> Result<Vec<HeaderName>, ConfigError> {
+        self.response_headers
+            .iter()
+            .map(|h| {
+                HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes()).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "proxy.response_headers: {h:?} is not a header name"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The response-head timeout: `head_timeout_seconds`, by default the
+    /// exec timeout + 30 s (the agent answers an exec by the exec timeout
+    /// minus its margin, so a legitimate exec is never cut).
+    pub fn effective_head_timeout_seconds(&self, exec_timeout_seconds: u64) -> u64 {
+        self.head_timeout_seconds
+            .unwrap_or(exec_timeout_seconds + 30)
+    }
+
+    /// Checks the header names and that neither timeout is 0.
+    pub fn validate(&self, exec_timeout_seconds: u64) -> Result<(), ConfigError> {
+        self.response_header_names()?;
+        if self.effective_head_timeout_seconds(exec_timeout_seconds) == 0
+            || self.body_idle_timeout_seconds == 0
+        {
+            return Err(ConfigError::Invalid(
+                "proxy.head_timeout_seconds and proxy.body_idle_timeout_seconds must be at least 1"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// How the proxy treats responses (from `[proxy]` in the configuration).
 #[derive(Debug, Clone)]
 pub struct ProxySettings {
@@ -135,10 +220,13 @@ pub struct ProxySettings {
 }
 
 impl ProxySettings {
-    pub fn from_config(cfg: &crate::config::Config) -> Result<Self, crate::config::ConfigError> {
+    pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
         Ok(ProxySettings {
             response_headers: cfg.proxy.response_header_names()?,
-            head_timeout: Duration::from_secs(cfg.proxy_head_timeout_seconds()),
+            head_timeout: Duration::from_secs(
+                cfg.proxy
+                    .effective_head_timeout_seconds(cfg.exec_timeout_seconds),
+            ),
             body_idle_timeout: Duration::from_secs(cfg.proxy.body_idle_timeout_seconds),
             workers: cfg
                 .worker_threads
@@ -149,7 +237,7 @@ impl ProxySettings {
 
 impl Default for ProxySettings {
     fn default() -> Self {
-        Self::from_config(&crate::config::Config::default()).expect("valid default")
+        Self::from_config(&Config::default()).expect("valid default")
     }
 }
 
@@ -722,6 +810,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{load_toml, test_env};
 
     #[test]
     fn hop_by_hop_dropped() {
@@ -850,5 +939,81 @@ mod tests {
             })
             .collect::<Vec<_>>()
             .join("-")
+    }
+
+    #[test]
+    fn proxy_response_headers_default_file_and_env() {
+        let c = Config::default();
+        let names: Vec<String> = c
+            .proxy
+            .response_header_names()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_string())
+            .collect();
+        assert_eq!(names, DEFAULT_PROXY_RESPONSE_HEADERS);
+        let toml = "[proxy]\nresponse_headers = [\"Content-Type\", \"X-Trace\"]\n";
+        let c = load_toml(toml, &[]).unwrap();
+        let names = c.proxy.response_header_names().unwrap();
+        assert_eq!(names, ["content-type", "x-trace"]);
+        let c = load_toml(toml, &[("SANDBOXD_PROXY_RESPONSE_HEADERS", " etag ,, x-a")]).unwrap();
+        assert_eq!(c.proxy.response_headers, ["etag", "x-a"]);
+        let c = Config::load(
+            None,
+            &test_env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", "bad header")]),
+        )
+        .unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("bad header"));
+    }
+
+    #[test]
+    fn proxy_timeouts_default_file_and_env() {
+        let c = Config::default();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            210
+        );
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 60);
+        assert!(c.proxy.relay);
+        let c = Config::load(None, &test_env(&[("SANDBOXD_PROXY_RELAY", "false")])).unwrap();
+        assert!(!c.proxy.relay);
+        assert!(Config::load(None, &test_env(&[("SANDBOXD_PROXY_RELAY", "sometimes")])).is_err());
+        let c = Config::load(None, &test_env(&[("SANDBOX_EXEC_TIMEOUT_SECONDS", "600")])).unwrap();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            630
+        );
+        let toml = "[proxy]\nhead_timeout_seconds = 100\nbody_idle_timeout_seconds = 20\n";
+        let c = load_toml(toml, &[]).unwrap();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            100
+        );
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 20);
+        let c = load_toml(
+            toml,
+            &[
+                ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", "7"),
+                ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", "8"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            7
+        );
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 8);
+        c.validate().unwrap();
+        for name in [
+            "SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS",
+            "SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS",
+        ] {
+            let c = Config::load(None, &test_env(&[(name, "0")])).unwrap();
+            assert!(c.validate().is_err(), "{name}=0");
+        }
     }
 }

@@ -8,14 +8,45 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
+use crate::config::parse_word;
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 
 #[cfg(feature = "kube")]
 pub mod kube;
+pub mod kube_config;
 pub mod memory;
 pub mod native;
+
+/// Which backend the daemon runs (`backend`, `PROVISIONER_BACKEND`,
+/// `--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Native,
+    Kubernetes,
+    Memory,
+}
+
+impl BackendKind {
+    /// Parses a `PROVISIONER_BACKEND` (or `--backend`) value, in any case:
+    /// `docker` and `local` are accepted aliases of `native` (the second
+    /// element says so), `k8s` of `kubernetes`. The file takes only the
+    /// names.
+    pub fn parse(s: &str) -> Result<(BackendKind, bool), String> {
+        let s = s.trim().to_ascii_lowercase();
+        let (name, alias) = match s.as_str() {
+            "docker" | "local" => ("native", true),
+            "k8s" => ("kubernetes", false),
+            other => (other, false),
+        };
+        let kind = parse_word(name)
+            .map_err(|e| format!("unknown backend {name:?} (expected {})", e.words()))?;
+        Ok((kind, alias))
+    }
+}
 
 /// The error a [`BackendError`] carries: the backend's own (its chain of
 /// causes kept), or a message.
@@ -223,5 +254,25 @@ pub trait Backend: Send + Sync + 'static {
     /// it reads memory only.
     fn egress(&self) -> Option<(&'static str, u64)> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{test_env, Config};
+
+    #[test]
+    fn backend_aliases() {
+        for (v, k) in [
+            ("docker", BackendKind::Native),
+            ("local", BackendKind::Native),
+            ("kubernetes", BackendKind::Kubernetes),
+        ] {
+            let c = Config::load(None, &test_env(&[("PROVISIONER_BACKEND", v)])).unwrap();
+            assert_eq!(c.backend, k);
+            assert_eq!(c.backend_alias.is_some(), v != "kubernetes");
+        }
+        assert!(Config::load(None, &test_env(&[("PROVISIONER_BACKEND", "podman")])).is_err());
     }
 }

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::StreamExt;
+use sandbox_abi::request::ResourceLimits;
 use tokio::sync::Notify;
 use tracing::{info, warn, Instrument};
 
 use crate::backend::{Backend, BackendError, Upstream};
-use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::model::{
     validate_sandbox_id, CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus, ValidationError,
@@ -88,7 +88,7 @@ pub struct Settings {
     pub idle_check_interval: Duration,
     /// Node-global sandbox env (merged under the user env).
     pub global_env: BTreeMap<String, String>,
-    pub limits: Limits,
+    pub limits: ResourceLimits,
     /// How long a delete waits for in-flight proxy requests of its sandbox
     /// before it cancels them.
     pub delete_grace: Duration,
@@ -353,11 +353,8 @@ impl Lifecycle {
         if let Some(image) = req.image.take() {
             req.image = Some(self.allowed_image(&image)?);
         }
-        let spec = SandboxSpec::from_request(
-            req,
-            &self.settings.global_env,
-            &self.settings.limits.resources(),
-        )?;
+        let spec =
+            SandboxSpec::from_request(req, &self.settings.global_env, &self.settings.limits)?;
         let id = spec.sandbox_id.clone();
         // `generation` is recorded once known (reuse, or by the backend as
         // soon as it makes one), so nested lines carry it too.

@@ -15,7 +15,7 @@ fn settings(idle: Option<Duration>) -> Settings {
         idle_timeout: idle,
         idle_check_interval: Duration::from_millis(50),
         global_env: BTreeMap::new(),
-        limits: Limits::default(),
+        limits: ResourceLimits::default(),
         delete_grace: Duration::from_secs(10),
         stop_timeout: Duration::from_secs(10),
     }

@@ -23,7 +23,8 @@ use tokio::net::TcpStream;
 use tracing::{info, warn, Instrument};
 
 use super::{AgentCredential, Backend, BackendError, Upstream};
-use crate::config::{Config, ConnectMode};
+use crate::backend::kube_config::ConnectMode;
+use crate::config::Config;
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 
 mod cache;

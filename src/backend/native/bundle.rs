@@ -8,8 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxSeccomp, Mount, MountBuilder, Spec};
+use sandbox_abi::request::ResourceLimits;
 
-use crate::config::{Limits, NativeConfig};
+use super::NativeConfig;
 use crate::model::{Identity, SandboxSpec, StorageMode};
 use sandbox_abi::layout::{self, GUEST};
 
@@ -96,7 +97,7 @@ pub struct HostLayout {
     /// spec never promises what the runtime does not do.
     pub device_rules_enforced: bool,
     pub container_port: u16,
-    pub limits: Limits,
+    pub limits: ResourceLimits,
     /// The agent's `--exec-cap-seconds` ([`Config::agent_exec_cap_seconds`](crate::config::Config::agent_exec_cap_seconds)).
     pub exec_cap_seconds: f64,
 }
@@ -679,7 +680,7 @@ mod tests {
             root_links: HostLayout::host_root_links(),
             device_rules_enforced: true,
             container_port: 8080,
-            limits: Limits::default(),
+            limits: ResourceLimits::default(),
             exec_cap_seconds: 5.4,
         }
     }

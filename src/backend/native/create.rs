@@ -237,7 +237,7 @@ impl NativeBackend {
         // its mounts and starts the agent: its network namespace exists
         // from the moment its PID is reported (the launcher unshared it
         // before the fork).
-        let egress = mode == crate::config::NetworkMode::Egress;
+        let egress = mode == crate::model::NetworkMode::Egress;
         let mut early_netns: Option<Arc<std::os::fd::OwnedFd>> = None;
         let (launched, attached) = std::thread::scope(|scope| {
             let mut attaching = None;

@@ -25,6 +25,7 @@ use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
 mod bundler;
+mod config;
 mod create;
 mod error;
 pub mod etc;
@@ -45,8 +46,10 @@ pub mod userns;
 mod watch;
 
 pub use bundler::{Bundler, HostPaths, Seccomp};
+pub use config::NativeConfig;
 pub use error::NativeError;
 use netns::NetnsDialer;
+pub use pool::{PoolConfig, PoolVariant};
 use proc::ProcHandle;
 use state::{Phase, SandboxState, StateDir};
 
@@ -317,7 +320,7 @@ impl NativeBackend {
 
     /// Egress drops and bytes per sandbox, when egress is on.
     fn network_metrics(&self) -> Option<NetworkMetrics> {
-        if self.net.mode() == crate::config::NetworkMode::None {
+        if self.net.mode() == NetworkMode::None {
             return None;
         }
         let links: Vec<(String, String)> = self
