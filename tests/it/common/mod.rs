@@ -23,6 +23,11 @@ pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 pub const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
 
+/// Lowercase hex of `bytes` (a sha256 sum as `sha256sum` prints it).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 pub fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|e| match e {}).boxed()
 }
