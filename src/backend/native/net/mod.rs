@@ -26,6 +26,7 @@ pub mod guard;
 pub mod link;
 pub mod nfnl;
 pub mod nft;
+pub mod rtnl;
 
 use addr::{Cidr, Hole, Pool, Slot};
 use guard::{Guard, Health};

@@ -15,7 +15,8 @@
 //! of `inet <table>` (what `nft list counters table inet <table>` asks,
 //! less its cache fetch), so a scrape spawns no process.
 //!
-//! The socket, attribute and dump helpers below serve `ct.rs` as well.
+//! The socket, attribute and dump helpers below serve `ct.rs` as well,
+//! and the attribute and dump helpers `rtnl.rs`.
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -85,7 +86,7 @@ pub(super) fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
 }
 
 /// A nested attribute around what `inner` appends.
-fn push_nested(buf: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
+pub(super) fn push_nested(buf: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
     let start = buf.len();
     buf.extend_from_slice(&[0; 4]);
     inner(buf);
