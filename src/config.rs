@@ -675,7 +675,7 @@ impl PoolConfig {
         }
         for v in &self.extra {
             if let Some(image) = &v.image {
-                let norm = sandbox_image::reference::normalize(image).map_err(|e| {
+                let norm = crate::images::normalize(image).map_err(|e| {
                     ConfigError::Invalid(format!("pool.extra: image {image:?}: {e}"))
                 })?;
                 if !allowed.contains(&norm) {
@@ -1163,7 +1163,7 @@ impl Config {
             .images
             .allowed
             .iter()
-            .filter_map(|i| sandbox_image::reference::normalize(i).ok())
+            .filter_map(|i| crate::images::normalize(i).ok())
             .collect();
         self.pool.validate(&allowed)?;
         let l = &self.limits;

@@ -216,7 +216,7 @@ impl Lifecycle {
     /// The normalized form of a create's `"image"`, when `[images]
     /// allowed` lists it.
     fn allowed_image(&self, image: &str) -> Result<String, LifecycleError> {
-        let norm = sandbox_image::reference::normalize(image)
+        let norm = crate::images::normalize(image)
             .map_err(|e| LifecycleError::ImageNotAllowed(e.to_string()))?;
         if self.settings.allowed_images.contains(&norm) {
             Ok(norm)

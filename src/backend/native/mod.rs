@@ -466,7 +466,10 @@ impl Backend for NativeBackend {
 
     fn metrics(&self) -> BackendMetrics {
         BackendMetrics {
+            #[cfg(feature = "images")]
             images: Some(self.sandboxes.images.stats()),
+            #[cfg(not(feature = "images"))]
+            images: None,
             pool: Some(self.pool.stats()),
             network: self.network_metrics(),
         }

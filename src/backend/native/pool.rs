@@ -119,7 +119,7 @@ impl Pool {
             let image = v
                 .image
                 .as_deref()
-                .map(|i| sandbox_image::reference::normalize(i).unwrap_or_else(|_| i.to_string()));
+                .map(|i| crate::images::normalize(i).unwrap_or_else(|_| i.to_string()));
             variants.push(variant(v.network, image, v.size));
         }
         Pool {
@@ -1041,7 +1041,8 @@ mod tests {
             .iter()
             .map(|v| (v.network, v.image.as_deref(), v.size))
             .collect();
-        let tools = sandbox_image::reference::normalize("registry.example.com/tools:1").unwrap();
+        let tools = crate::images::normalize("registry.example.com/tools:1")
+            .unwrap_or_else(|_| "registry.example.com/tools:1".into());
         assert_eq!(
             v,
             [

@@ -15,6 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+#[cfg(feature = "images")]
 pub mod oci;
 pub mod probe;
 pub mod upstream;
