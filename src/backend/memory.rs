@@ -83,6 +83,10 @@ impl Backend for MemoryBackend {
         _health_timeout: Duration,
     ) -> Result<SandboxRecord, BackendError> {
         if !self.create_delay.is_zero() {
+            // What a test waits on to know the create passed the lifecycle's
+            // gates and is held here.
+            tracing::info!(sandbox_id = %spec.sandbox_id, delay_ms = self.create_delay.as_millis() as u64,
+                           "memory backend: create held for its delay");
             tokio::time::sleep(self.create_delay).await;
         }
         let record = SandboxRecord {

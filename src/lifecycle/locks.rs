@@ -410,6 +410,14 @@ impl IdLocks {
     pub async fn exclusive(slot: &SlotRef<'_>, grace: Duration) -> Exclusive {
         let slot = slot.slot.as_ref().expect("slot present while referenced");
         slot.gate.close();
+        let inflight = slot.gate.inside();
+        if inflight > 0 {
+            tracing::info!(
+                inflight,
+                grace_ms = grace.as_millis() as u64,
+                "delete waits for in-flight proxy requests"
+            );
+        }
         let mut x = Exclusive {
             slot: slot.clone(),
             cancelled: 0,
