@@ -8,13 +8,14 @@
 //! synchronous: [`link`](super::link) runs them on its own thread.
 
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 
-use nix::sys::socket::{
-    recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+use nix::sys::socket::SockProtocol;
+
+use super::nfnl::{
+    ack_of, attr, attrs, dump_messages, open_protocol, push_attr, push_header, push_nested,
+    receive, send, NfnlError, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
-
-use super::nfnl::{ack_of, attr, attrs, dump_messages, push_attr, push_nested, NfnlError};
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
@@ -23,12 +24,6 @@ const RTM_SETLINK: u16 = 19;
 const RTM_NEWADDR: u16 = 20;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
-
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_DUMP: u16 = 0x300;
 
 const AF_UNSPEC: u8 = libc::AF_UNSPEC as u8;
 const AF_INET: u8 = libc::AF_INET as u8;
@@ -65,11 +60,7 @@ const RTMSG_LEN: usize = 12;
 fn message(kind: u16, flags: u16, seq: u32, fixed: &[u8], attrs: &[u8]) -> Vec<u8> {
     let len = NLMSG_HDRLEN + fixed.len() + attrs.len();
     let mut b = Vec::with_capacity(len);
-    b.extend_from_slice(&(len as u32).to_ne_bytes());
-    b.extend_from_slice(&kind.to_ne_bytes());
-    b.extend_from_slice(&flags.to_ne_bytes());
-    b.extend_from_slice(&seq.to_ne_bytes());
-    b.extend_from_slice(&0u32.to_ne_bytes());
+    push_header(&mut b, len, kind, flags, seq);
     b.extend_from_slice(fixed);
     b.extend_from_slice(attrs);
     b
@@ -229,48 +220,29 @@ pub fn parse_route(kind: u16, m: &[u8]) -> Option<Route> {
 
 /// A route netlink socket of the calling thread's network namespace.
 pub fn open() -> std::io::Result<OwnedFd> {
-    socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkRoute,
-    )
-    .map_err(std::io::Error::from)
+    open_protocol(SockProtocol::NetlinkRoute).map_err(io)
+}
+
+/// [`nfnl`](super::nfnl)'s socket errors as I/O errors (the errno kept).
+fn io(e: NfnlError) -> std::io::Error {
+    match e {
+        NfnlError::Socket(e) => e.into(),
+        NfnlError::Kernel(e) => e,
+        e => std::io::Error::other(e.to_string()),
+    }
 }
 
 /// Answers are read into buffers this large: more than the kernel puts
 /// in one (it caps a dump's batch at 32 KiB), so none is cut.
 const RECV_BUF: usize = 64 * 1024;
 
-fn send(fd: &OwnedFd, msg: &[u8]) -> std::io::Result<()> {
-    sendto(
-        fd.as_raw_fd(),
-        msg,
-        &NetlinkAddr::new(0, 0),
-        MsgFlags::empty(),
-    )
-    .map(drop)
-    .map_err(std::io::Error::from)
-}
-
-fn receive(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<usize> {
-    loop {
-        match recv(fd.as_raw_fd(), buf, MsgFlags::empty()) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => return Ok(n),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
 /// Sends request `msg` (sequence `seq`, with `NLM_F_ACK`) and waits for
 /// the kernel's answer: Ok, or the errno it refused with.
 pub fn request(fd: &OwnedFd, msg: &[u8], seq: u32) -> std::io::Result<()> {
-    send(fd, msg)?;
+    send(fd, msg).map_err(io)?;
     let mut buf = vec![0u8; RECV_BUF];
     loop {
-        let n = receive(fd, &mut buf)?;
+        let n = receive(fd, &mut buf).map_err(io)?;
         match ack_of(&buf[..n], seq) {
             Some(0) => return Ok(()),
             Some(e) => return Err(std::io::Error::from_raw_os_error(-e)),
@@ -282,15 +254,12 @@ pub fn request(fd: &OwnedFd, msg: &[u8], seq: u32) -> std::io::Result<()> {
 /// Sends dump request `msg` and calls `each` with the type and bytes of
 /// every message of the answer, until its end.
 pub fn dump(fd: &OwnedFd, msg: &[u8], mut each: impl FnMut(u16, &[u8])) -> std::io::Result<()> {
-    send(fd, msg)?;
+    send(fd, msg).map_err(io)?;
     let mut buf = vec![0u8; RECV_BUF];
     loop {
-        let n = receive(fd, &mut buf)?;
-        match dump_messages(&buf[..n], &mut each) {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(NfnlError::Kernel(e)) => return Err(e),
-            Err(e) => return Err(std::io::Error::other(e.to_string())),
+        let n = receive(fd, &mut buf).map_err(io)?;
+        if dump_messages(&buf[..n], &mut each).map_err(io)? {
+            return Ok(());
         }
     }
 }
