@@ -538,7 +538,7 @@ impl Config {
             .images
             .allowed
             .iter()
-            .filter_map(|i| sandbox_image::reference::normalize(i).ok())
+            .filter_map(|i| crate::images::normalize(i).ok())
             .collect();
         self.pool.validate(&allowed)?;
         self.limits

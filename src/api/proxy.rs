@@ -35,9 +35,9 @@ use serde::{Deserialize, Serialize};
 use super::error::ApiError;
 use super::upstream::{self, lock, ConnUpstreams, UpstreamError};
 use super::RespBody;
+use crate::backend::SandboxRef;
 use crate::config::{Config, ConfigError};
 use crate::lifecycle::{Lifecycle, ProxyPin};
-use crate::model::SandboxRecord;
 
 /// The header names the proxy tells apart, as [`known`] classifies them:
 /// which it never forwards, never copies back, or frames itself.
@@ -336,7 +336,7 @@ impl PinnedBody {
     fn id(&self) -> String {
         self.pin
             .as_ref()
-            .map(|p| p.record.sandbox_id.clone())
+            .map(|p| p.sandbox.sandbox_id.clone())
             .unwrap_or_default()
     }
 
@@ -477,18 +477,18 @@ fn forwarded_request_header(name: &HeaderName) -> bool {
 /// path prefix and the agent credential (both fixed for an incarnation;
 /// read once per incarnation and client connection).
 pub struct Incarnation {
-    /// The record it was read for (the same `Arc` while the connection's
-    /// pin cache holds that incarnation).
-    record: Arc<SandboxRecord>,
+    /// The incarnation it was read for (the same `Arc` while the
+    /// connection's pin cache holds it).
+    sandbox: Arc<SandboxRef>,
     prefix: String,
     credential: Option<HeaderValue>,
 }
 
 impl Incarnation {
-    async fn of(lc: &Lifecycle, record: &Arc<SandboxRecord>) -> Result<Self, ApiError> {
+    async fn of(lc: &Lifecycle, sandbox: &Arc<SandboxRef>) -> Result<Self, ApiError> {
         let credential = match lc
             .backend()
-            .agent_credential(record)
+            .agent_credential(sandbox)
             .await
             .map_err(crate::lifecycle::LifecycleError::from)?
         {
@@ -496,7 +496,7 @@ impl Incarnation {
                 let mut v = HeaderValue::from_str(&c.0).map_err(|_| {
                     ApiError::BadGateway(format!(
                         "sandbox {}: unusable agent credential",
-                        record.sandbox_id
+                        sandbox.sandbox_id
                     ))
                 })?;
                 v.set_sensitive(true);
@@ -505,8 +505,8 @@ impl Incarnation {
             None => None,
         };
         Ok(Incarnation {
-            record: record.clone(),
-            prefix: lc.backend().path_prefix(record),
+            sandbox: sandbox.clone(),
+            prefix: lc.backend().path_prefix(sandbox),
             credential,
         })
     }
@@ -577,15 +577,15 @@ pub async fn forward(
 ) -> Result<Response<RespBody>, ApiError> {
     lifecycle.metrics().proxy_requests.inc();
     let pin = admit(lifecycle, conn, id).await?;
-    let record = &pin.record;
-    tracing::Span::current().record("generation", record.generation.as_str());
+    let sandbox = &pin.sandbox;
+    tracing::Span::current().record("generation", sandbox.generation.as_str());
     let cached = lock(&conn.incarnation)
         .clone()
-        .filter(|i| Arc::ptr_eq(&i.record, record));
+        .filter(|i| Arc::ptr_eq(&i.sandbox, sandbox));
     let inc = match cached {
         Some(i) => i,
         None => {
-            let i = Arc::new(Incarnation::of(lifecycle, record).await?);
+            let i = Arc::new(Incarnation::of(lifecycle, sandbox).await?);
             *lock(&conn.incarnation) = Some(i.clone());
             i
         }
@@ -658,16 +658,16 @@ pub async fn forward(
         if upgrade.is_some() {
             upstream::send_upgrade(
                 lifecycle,
-                &record.sandbox_id,
-                &record.generation,
+                &sandbox.sandbox_id,
+                &sandbox.generation,
                 upstream_req,
             )
             .await
         } else {
             conn.send(
                 lifecycle,
-                &record.sandbox_id,
-                &record.generation,
+                &sandbox.sandbox_id,
+                &sandbox.generation,
                 upstream_req,
             )
             .await
@@ -762,7 +762,7 @@ fn tunnel(
     parts
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    let id = pin.record.sandbox_id.clone();
+    let id = pin.sandbox.sandbox_id.clone();
     tokio::spawn(async move {
         let cancelled = pin.cancellation();
         let joined = async {

@@ -421,7 +421,9 @@ async fn route(
             // The recent output of PID 1; not activity (an operator looking
             // does not keep a sandbox alive).
             valid_id(id)?;
-            lc.record(id).ok_or(LifecycleError::NotFound)?;
+            if !lc.is_tracked(id) {
+                return Err(LifecycleError::NotFound.into());
+            }
             let text = lc.backend().logs(id).ok_or_else(|| {
                 ApiError::NotFoundDetail(format!(
                     "the {} backend keeps no output of its sandboxes",

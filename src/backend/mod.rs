@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
 use crate::config::parse_word;
-use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
+use crate::model::{SandboxRecord, SandboxSpec};
 
 #[cfg(feature = "kube")]
 pub mod kube;
@@ -160,10 +160,44 @@ pub struct SandboxNetwork {
     pub mode: crate::model::NetworkMode,
 }
 
+/// One incarnation of a sandbox, by name: its id and generation. What the
+/// lifecycle keeps of a sandbox it admitted (the generation fence) and asks
+/// the backend about; the record itself is the backend's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRef {
+    pub sandbox_id: String,
+    pub generation: String,
+}
+
+impl SandboxRef {
+    /// The incarnation `record` is of.
+    pub fn of(record: &SandboxRecord) -> SandboxRef {
+        SandboxRef {
+            sandbox_id: record.sandbox_id.clone(),
+            generation: record.generation.clone(),
+        }
+    }
+}
+
+/// What a [`Backend::status`] read is for, so that the backend knows how
+/// much it must bring up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Whether it runs, for a proxied request (asked on every one): from
+    /// the backend's table, no network round trip where avoidable, no file
+    /// read. `oom_killed` is as the table has it.
+    Admit,
+    /// What an answer shows (discover, a create's reuse, list, `/metrics`):
+    /// the status and `oom_killed` brought up to date.
+    Answer,
+}
+
 /// How one sandbox is made, found, reached and destroyed. The backend owns
 /// the records of its sandboxes (its table: the native backend's, persisted
-/// in each `state.json`; the Kubernetes backend's cache of Pods; the memory
-/// backend's map): status is read from there, never kept elsewhere.
+/// in each `state.json`; the Kubernetes backend's records with its cache of
+/// Pods; the memory backend's map): the lifecycle keeps only which
+/// incarnation it admitted ([`SandboxRef`]), and every record, status
+/// included, is read from the backend with [`Backend::status`].
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// `native`, `kubernetes` or `memory` (reported by `/health`).
@@ -184,42 +218,41 @@ pub trait Backend: Send + Sync + 'static {
     /// already gone. Never touches user files.
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;
 
-    /// Whether `record`'s incarnation runs, from the backend's table (no
-    /// network round trip where avoidable, no file read): asked on every
-    /// proxied request.
-    async fn status(&self, record: &SandboxRecord) -> SandboxStatus;
-
-    /// These incarnations as the backend has them now: `status` and
-    /// `oom_killed` brought up to date in place (discover and a create's
-    /// reuse: one record; list: every tracked one, answered together).
-    async fn get(&self, records: &mut [SandboxRecord]);
+    /// The incarnations `sandboxes` names, as the backend's table has them
+    /// now, in the same order: each its record with the status (and, for
+    /// [`Read::Answer`], `oom_killed`) brought up to date, or `None` when
+    /// the table has no such incarnation (deleted, or replaced by another
+    /// generation). One call for all of them: a proxied request asks for
+    /// one ([`Read::Admit`]), discover and a create's reuse for one, list
+    /// and `/metrics` for every admitted one.
+    async fn status(&self, sandboxes: &[SandboxRef], read: Read) -> Vec<Option<SandboxRecord>>;
 
     /// Every sandbox this backend manages right now (start-up adoption,
     /// quiesce). Must include sandboxes made by an earlier daemon process.
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError>;
 
     /// Opens a connection to the sandbox's HTTP server.
-    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError>;
+    async fn connect(&self, sandbox: &SandboxRef) -> Result<Upstream, BackendError>;
 
     /// The credential the proxy must add to every request to this
     /// incarnation's agent; `None` for backends whose agent is reachable by
     /// nothing but the daemon (native: the netns connector; memory).
     async fn agent_credential(
         &self,
-        _record: &SandboxRecord,
+        _sandbox: &SandboxRef,
     ) -> Result<Option<AgentCredential>, BackendError> {
         Ok(None)
     }
 
     /// A path prefix prepended to every proxied path ("" for real sandboxes).
-    fn path_prefix(&self, _record: &SandboxRecord) -> String {
+    fn path_prefix(&self, _sandbox: &SandboxRef) -> String {
         String::new()
     }
 
     /// True for a sandbox adopted read-only from another system (the
     /// Kubernetes backend's Pods of the replaced provisioner): a create of
     /// its id replaces it whatever identity it was recorded with.
-    fn rebindable(&self, _record: &SandboxRecord) -> bool {
+    fn rebindable(&self, _sandbox: &SandboxRef) -> bool {
         false
     }
 

@@ -54,7 +54,7 @@ fn request(args: &BundleArgs) -> anyhow::Result<CreateRequest> {
         "uid": args.uid,
         "workdir_path": args.workdir_path,
         "inherit_env": !args.ephemeral,
-        "image": args.image.as_deref().map(sandbox_image::reference::normalize).transpose().map_err(anyhow::Error::msg)?,
+        "image": args.image.as_deref().map(crate::images::normalize).transpose().map_err(anyhow::Error::msg)?,
     }))?)
 }
 

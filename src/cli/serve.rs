@@ -356,7 +356,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
             .images
             .allowed
             .iter()
-            .map(|r| sandbox_image::reference::normalize(r).map_err(anyhow::Error::msg))
+            .map(|r| crate::images::normalize(r).map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<_>>()
             .context("[images] allowed")?,
     };

@@ -121,7 +121,7 @@ impl PoolConfig {
         }
         for v in &self.extra {
             if let Some(image) = &v.image {
-                let norm = sandbox_image::reference::normalize(image).map_err(|e| {
+                let norm = crate::images::normalize(image).map_err(|e| {
                     ConfigError::Invalid(format!("pool.extra: image {image:?}: {e}"))
                 })?;
                 if !allowed.contains(&norm) {
@@ -196,7 +196,7 @@ impl Pool {
             let image = v
                 .image
                 .as_deref()
-                .map(|i| sandbox_image::reference::normalize(i).unwrap_or_else(|_| i.to_string()));
+                .map(|i| crate::images::normalize(i).unwrap_or_else(|_| i.to_string()));
             variants.push(variant(v.network, image, v.size));
         }
         Pool {
@@ -1118,7 +1118,8 @@ mod tests {
             .iter()
             .map(|v| (v.network, v.image.as_deref(), v.size))
             .collect();
-        let tools = sandbox_image::reference::normalize("registry.example.com/tools:1").unwrap();
+        let tools = crate::images::normalize("registry.example.com/tools:1")
+            .unwrap_or_else(|_| "registry.example.com/tools:1".into());
         assert_eq!(
             v,
             [

@@ -27,6 +27,7 @@ pub mod guard;
 pub mod link;
 pub mod nfnl;
 pub mod nft;
+pub mod rtnl;
 
 pub use config::NetworkConfig;
 

@@ -1,12 +1,7 @@
-//! The daemon's and the CLI's side of images (`[images]`, `docs/images.md`):
-//! the store under `<state_dir>/images/`, resolving a sandbox's image
-//! (present, or pulled once however many creates wait for it), the
-//! background pull of the default image at start-up, and the pull
-//! counters for `/metrics`. The store and the registry protocol are
-//! `sandbox-image`'s.
+//! The store, pulls and the default image (feature `images`).
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,69 +9,11 @@ use oci_spec::runtime::Spec;
 use sandbox_image::pull::{PullOptions, RegistryOptions};
 use sandbox_image::unpack::UnpackLimits;
 use sandbox_image::{CommitOptions, Digest, ImageRecord, MountPoint, NoProgress, Progress, Store};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use super::{ImageStats, ResolvedImage};
 use crate::config::Config;
-
-/// OCI images as native sandbox root filesystems (`[images]`, see
-/// `docs/images.md`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ImagesConfig {
-    /// The image every native sandbox runs (`SANDBOX_IMAGE`); unset: the
-    /// host's `/usr` (`[native] rootfs_binds`). The Kubernetes backend uses
-    /// it as the Pod image when set (else the top-level `sandbox_image`).
-    pub default: Option<String>,
-    /// References a create may name in its `"image"` field (400 otherwise).
-    pub allowed: Vec<String>,
-    /// A Docker-style `config.json` (`auths`) with registry credentials
-    /// (`SANDBOXD_IMAGES_AUTH_FILE`).
-    pub auth_file: Option<PathBuf>,
-    /// `host:port` of registries spoken to over plain HTTP
-    /// (`SANDBOXD_INSECURE_REGISTRIES`, comma-separated).
-    pub insecure_registries: Vec<String>,
-    /// Largest total of regular-file bytes one image may unpack to.
-    pub max_unpacked_mb: u64,
-}
-
-impl Default for ImagesConfig {
-    fn default() -> Self {
-        ImagesConfig {
-            default: None,
-            allowed: Vec::new(),
-            auth_file: None,
-            insecure_registries: Vec::new(),
-            max_unpacked_mb: 20 * 1024,
-        }
-    }
-}
-
-/// An image a sandbox runs: where its root is and what env it brings.
-#[derive(Debug, Clone)]
-pub struct ResolvedImage {
-    /// The normalized reference it was asked for.
-    pub reference: String,
-    /// The manifest digest: what `state.json` records as in use.
-    pub digest: Digest,
-    pub rootfs: PathBuf,
-    /// The image config's `Env`.
-    pub env: Vec<String>,
-}
-
-/// Pull counters (`/metrics`).
-#[derive(Debug, Clone, Default)]
-pub struct ImageStats {
-    pub pulls_ok: u64,
-    pub pulls_failed: u64,
-    /// Bytes of blobs fetched (cached blobs not counted).
-    pub bytes: u64,
-    /// Seconds spent in pulls, in all.
-    pub seconds: f64,
-    /// Verification failures by kind (`digest`, `size`, `diff_id`, ...).
-    pub verification_failures: BTreeMap<String, u64>,
-}
 
 #[derive(Clone)]
 enum PullState {
@@ -354,37 +291,4 @@ pub fn image_users(state_dir: &Path, digest: &Digest) -> Vec<String> {
     }
     users.sort();
     users
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::test_env;
-
-    #[test]
-    fn images_settings() {
-        let c = Config::load(
-            None,
-            &test_env(&[
-                ("SANDBOX_IMAGE", "127.0.0.1:5000/tools:1"),
-                (
-                    "SANDBOXD_INSECURE_REGISTRIES",
-                    "127.0.0.1:5000, localhost:5001",
-                ),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(c.images.default.as_deref(), Some("127.0.0.1:5000/tools:1"));
-        assert_eq!(c.kube_sandbox_image(), "127.0.0.1:5000/tools:1");
-        assert_eq!(
-            c.images.insecure_registries,
-            vec!["127.0.0.1:5000", "localhost:5001"]
-        );
-        // The top-level key stays the Kubernetes backend's only.
-        let c: Config =
-            toml::from_str("sandbox_image = \"x:1\"\n[images]\nallowed = [\"a:1\"]\n").unwrap();
-        assert_eq!(c.kube_sandbox_image(), "x:1");
-        assert_eq!(c.images.default, None);
-        assert_eq!(c.images.allowed, vec!["a:1"]);
-    }
 }
