@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::net::TcpStream;
 
-use super::{Backend, BackendError, Read, SandboxRef, Upstream};
+use super::{Backend, BackendError, SandboxRef, Upstream};
 use crate::model::{new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus};
 
 pub struct MemoryBackend {
@@ -105,7 +105,13 @@ impl Backend for MemoryBackend {
         Ok(self.map().values().cloned().collect())
     }
 
-    async fn status(&self, sandboxes: &[SandboxRef], _read: Read) -> Vec<Option<SandboxRecord>> {
+    async fn running(&self, sandbox: &SandboxRef) -> bool {
+        self.map().get(&sandbox.sandbox_id).is_some_and(|r| {
+            r.generation == sandbox.generation && r.status == SandboxStatus::Running
+        })
+    }
+
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
         let map = self.map();
         sandboxes
             .iter()

@@ -179,19 +179,6 @@ impl SandboxRef {
     }
 }
 
-/// What a [`Backend::status`] read is for, so that the backend knows how
-/// much it must bring up to date.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Read {
-    /// Whether it runs, for a proxied request (asked on every one): from
-    /// the backend's table, no network round trip where avoidable, no file
-    /// read. `oom_killed` is as the table has it.
-    Admit,
-    /// What an answer shows (discover, a create's reuse, list, `/metrics`):
-    /// the status and `oom_killed` brought up to date.
-    Answer,
-}
-
 /// How one sandbox is made, found, reached and destroyed. The backend owns
 /// the records of its sandboxes (its table: the native backend's, persisted
 /// in each `state.json`; the Kubernetes backend's records with its cache of
@@ -219,13 +206,17 @@ pub trait Backend: Send + Sync + 'static {
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;
 
     /// The incarnations `sandboxes` names, as the backend's table has them
-    /// now, in the same order: each its record with the status (and, for
-    /// [`Read::Answer`], `oom_killed`) brought up to date, or `None` when
-    /// the table has no such incarnation (deleted, or replaced by another
-    /// generation). One call for all of them: a proxied request asks for
-    /// one ([`Read::Admit`]), discover and a create's reuse for one, list
-    /// and `/metrics` for every admitted one.
-    async fn status(&self, sandboxes: &[SandboxRef], read: Read) -> Vec<Option<SandboxRecord>>;
+    /// now, in the same order: each its record with the status and
+    /// `oom_killed` brought up to date, or `None` when the table has no such
+    /// incarnation (deleted, or replaced by another generation). One call
+    /// for all of them: discover and a create's reuse ask for one, list and
+    /// `/metrics` for every admitted one.
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>>;
+
+    /// Whether this incarnation runs, for a proxied request (asked on every
+    /// one): from the backend's table, no record copied, no file read, no
+    /// network round trip where avoidable.
+    async fn running(&self, sandbox: &SandboxRef) -> bool;
 
     /// Every sandbox this backend manages right now (start-up adoption,
     /// quiesce). Must include sandboxes made by an earlier daemon process.

@@ -97,8 +97,8 @@ pub fn normalize(r: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
     use crate::config::test_env;
+    use crate::config::Config;
 
     #[test]
     fn images_settings() {

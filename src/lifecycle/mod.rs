@@ -20,7 +20,7 @@ use sandbox_abi::request::ResourceLimits;
 use tokio::sync::Notify;
 use tracing::{info, warn, Instrument};
 
-use crate::backend::{Backend, BackendError, Read, SandboxRef, Upstream};
+use crate::backend::{Backend, BackendError, SandboxRef, Upstream};
 use crate::metrics::Metrics;
 use crate::model::{
     validate_sandbox_id, CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus, ValidationError,
@@ -282,7 +282,7 @@ impl Lifecycle {
 
     /// [`read`](Self::read) of several, in one backend call.
     async fn read_all(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
-        let records = self.backend.status(sandboxes, Read::Answer).await;
+        let records = self.backend.status(sandboxes).await;
         self.count_oom_kills(records.iter().flatten());
         records
     }
@@ -723,14 +723,7 @@ impl Lifecycle {
         mut pin: ProxyPin,
         cache: &mut Option<PinCache>,
     ) -> Result<ProxyPin, LifecycleError> {
-        let running = self
-            .backend
-            .status(std::slice::from_ref(&*pin.sandbox), Read::Admit)
-            .await
-            .pop()
-            .flatten()
-            .is_some_and(|r| r.status == SandboxStatus::Running);
-        if !running {
+        if !self.backend.running(&pin.sandbox).await {
             *cache = None;
             return Err(LifecycleError::NotFound);
         }

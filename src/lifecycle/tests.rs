@@ -363,12 +363,11 @@ impl crate::backend::Backend for ReplacedBehindOurBack {
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
         self.inner.list().await
     }
-    async fn status(
-        &self,
-        sandboxes: &[crate::backend::SandboxRef],
-        read: crate::backend::Read,
-    ) -> Vec<Option<SandboxRecord>> {
-        let mut records = self.inner.status(sandboxes, read).await;
+    async fn running(&self, _sandbox: &crate::backend::SandboxRef) -> bool {
+        false
+    }
+    async fn status(&self, sandboxes: &[crate::backend::SandboxRef]) -> Vec<Option<SandboxRecord>> {
+        let mut records = self.inner.status(sandboxes).await;
         for r in records.iter_mut().flatten() {
             r.status = SandboxStatus::Exited;
         }

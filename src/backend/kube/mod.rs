@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use tokio::net::TcpStream;
 use tracing::{info, warn, Instrument};
 
-use super::{AgentCredential, Backend, BackendError, Read, SandboxRef, Upstream};
+use super::{AgentCredential, Backend, BackendError, SandboxRef, Upstream};
 use crate::backend::kube_config::ConnectMode;
 use crate::config::Config;
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
@@ -417,7 +417,19 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
-    async fn status(&self, sandboxes: &[SandboxRef], _read: Read) -> Vec<Option<SandboxRecord>> {
+    async fn running(&self, sandbox: &SandboxRef) -> bool {
+        let known = self
+            .records()
+            .get(&sandbox.sandbox_id)
+            .filter(|r| r.generation == sandbox.generation)
+            .map(|r| r.status);
+        match known {
+            Some(k) => self.current_status(sandbox, k).await == SandboxStatus::Running,
+            None => false,
+        }
+    }
+
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
         // Each from the table, its status from the cache or one API call
         // when its entry is stale.
         let known: Vec<Option<SandboxRecord>> = {

@@ -1,14 +1,17 @@
-//! [`Backend::status`]: records read from the table. For an answer
-//! ([`Read::Answer`]) of many records (list) the OOM flags are first brought
-//! up to date without a file read per sandbox ([`oom`](super::oom)); for a
-//! few (discover) their own counters are read; a proxied request's read
-//! ([`Read::Admit`]) reads no file. Then every record comes from one lock
+//! [`Backend::status`]: records read from the table. For many records
+//! (list) the OOM flags are first brought up to date without a file read
+//! per sandbox ([`oom`](super::oom)); for a few (discover) their own
+//! counters are read. Then every record comes from one lock
 //! of the table, PID 1's exit checked for all of them in one `poll` of
 //! their pidfds (not one system call per sandbox): running while the table
 //! says so and PID 1 has not exited (an exit the watcher has not marked
 //! yet is seen too).
 //!
+//! A proxied request's [`Backend::running`] copies no record and reads no
+//! file: one lookup in the table and a `poll` of PID 1's pidfd.
+//!
 //! [`Backend::status`]: crate::backend::Backend::status
+//! [`Backend::running`]: crate::backend::Backend::running
 
 use std::sync::Arc;
 
@@ -17,7 +20,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use super::oom::{self, Gate};
 use super::proc::ProcHandle;
 use super::watch::LiveMap;
-use crate::backend::{Read, SandboxRef};
+use crate::backend::SandboxRef;
 use crate::model::{SandboxRecord, SandboxStatus};
 
 /// Pidfds per `poll` (well under any open-file limit, which bounds `nfds`).
@@ -27,16 +30,13 @@ pub(super) fn status(
     gate: &Gate,
     live: &LiveMap,
     sandboxes: &[SandboxRef],
-    read: Read,
 ) -> Vec<Option<SandboxRecord>> {
-    match read {
-        Read::Admit => {}
-        Read::Answer if sandboxes.len() <= oom::DIRECT_MAX => {
-            for s in sandboxes {
-                oom::check(live, &s.sandbox_id, &s.generation);
-            }
+    if sandboxes.len() <= oom::DIRECT_MAX {
+        for s in sandboxes {
+            oom::check(live, &s.sandbox_id, &s.generation);
         }
-        Read::Answer => oom::sync(gate, live),
+    } else {
+        oom::sync(gate, live);
     }
     let mut out: Vec<Option<SandboxRecord>> = Vec::with_capacity(sandboxes.len());
     // Running per the table: PID 1's pidfd still to be polled.
@@ -66,6 +66,21 @@ pub(super) fn status(
         }
     }
     out
+}
+
+/// Whether the table has `sandbox`'s incarnation running and its PID 1 has
+/// not exited.
+pub(super) fn running(live: &LiveMap, sandbox: &SandboxRef) -> bool {
+    let handle = match live.lock().get(&sandbox.sandbox_id) {
+        Some(l)
+            if l.record.generation == sandbox.generation
+                && l.record.status == SandboxStatus::Running =>
+        {
+            l.handle.clone()
+        }
+        _ => return false,
+    };
+    !handle.exited()
 }
 
 /// Whether each process has not exited (no event on its pidfd), as

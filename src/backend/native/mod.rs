@@ -18,8 +18,7 @@ use async_trait::async_trait;
 use tracing::{info, warn};
 
 use super::{
-    Backend, BackendError, BackendMetrics, NetworkMetrics, Read, SandboxNetwork, SandboxRef,
-    Upstream,
+    Backend, BackendError, BackendMetrics, NetworkMetrics, SandboxNetwork, SandboxRef, Upstream,
 };
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
@@ -516,8 +515,12 @@ impl Backend for NativeBackend {
             .collect())
     }
 
-    async fn status(&self, sandboxes: &[SandboxRef], read: Read) -> Vec<Option<SandboxRecord>> {
-        listing::status(&self.sandboxes.oom, &self.sandboxes.live, sandboxes, read)
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
+        listing::status(&self.sandboxes.oom, &self.sandboxes.live, sandboxes)
+    }
+
+    async fn running(&self, sandbox: &SandboxRef) -> bool {
+        listing::running(&self.sandboxes.live, sandbox)
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
