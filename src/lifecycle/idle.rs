@@ -9,7 +9,7 @@
 //! Each step is fenced on the generation it saw and skipped when the
 //! sandbox was touched after it looked.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -126,9 +126,10 @@ pub(super) struct Activity {
     /// The last CPU sample: (milliseconds since the lifecycle's epoch, CPU
     /// microseconds used).
     cpu: Mutex<Option<(u64, u64)>>,
-    /// A reclaim of its current freeze failed (not tried again until it
-    /// was woken).
-    pub(super) reclaim_failed: AtomicBool,
+    /// When a reclaim of its current freeze last failed, in milliseconds
+    /// since the lifecycle's epoch ([`NEVER`]: none did, or it was woken
+    /// since).
+    reclaim_failed_ms: AtomicU64,
 }
 
 /// No check found the sandbox busy.
@@ -141,7 +142,7 @@ impl Activity {
             last_active_ms: AtomicU64::new(now_ms),
             last_busy_ms: AtomicU64::new(NEVER),
             cpu: Mutex::new(None),
-            reclaim_failed: AtomicBool::new(false),
+            reclaim_failed_ms: AtomicU64::new(NEVER),
         }
     }
 
@@ -161,6 +162,16 @@ impl Activity {
     /// The last activity, in milliseconds since the lifecycle's epoch.
     pub(super) fn last_active_ms(&self) -> u64 {
         self.last_active_ms.load(Ordering::Relaxed)
+    }
+
+    /// A reclaim of its current freeze failed at `now_ms`.
+    fn reclaim_failed(&self, now_ms: u64) {
+        self.reclaim_failed_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// It was woken: its next freeze's reclaim starts afresh.
+    pub(super) fn woken(&self) {
+        self.reclaim_failed_ms.store(NEVER, Ordering::Relaxed);
     }
 
     /// Records a CPU sample taken at `now_ms` and returns the share of one
@@ -209,8 +220,8 @@ pub(crate) struct Observation {
     /// Where it is on the ladder; `None` when it is not on it (not
     /// running, or a backend without one): only the delete applies.
     pub state: Option<IdleState>,
-    /// A reclaim of its current freeze failed already.
-    pub reclaim_failed: bool,
+    /// Time since a reclaim of its current freeze failed (`None`: none did).
+    pub since_reclaim_failed: Option<Duration>,
     /// Busy at this check, and why.
     pub busy: Option<Busy>,
 }
@@ -267,8 +278,8 @@ pub(crate) enum Decision {
 /// [`idle_for`]) makes due. Deleted once idle longer than the idle timeout
 /// (`delete_after`), whatever its place on the ladder; frozen once idle
 /// `freeze_after`; reclaimed, while frozen, once idle `reclaim_after`
-/// (once per freeze: a failed reclaim is not tried again until it was
-/// woken). Busy counts as activity for every step, the delete included.
+/// (a failed reclaim is tried again `reclaim_after` later, while it stays
+/// frozen). Busy counts as activity for every step, the delete included.
 pub(crate) fn decide(o: &Observation, ladder: &Ladder, delete_after: Option<Duration>) -> Decision {
     let due = |idle: Duration| {
         if delete_after.is_some_and(|t| idle > t) {
@@ -278,8 +289,11 @@ pub(crate) fn decide(o: &Observation, ladder: &Ladder, delete_after: Option<Dura
             IdleState::Active if ladder.freeze_after.is_some_and(|t| idle >= t) => {
                 Some(Step::Freeze)
             }
+            // A failed reclaim is tried again after as long again.
             IdleState::Frozen
-                if !o.reclaim_failed && ladder.reclaim_after.is_some_and(|t| idle >= t) =>
+                if ladder.reclaim_after.is_some_and(|t| {
+                    idle >= t && o.since_reclaim_failed.is_none_or(|f| f >= t)
+                }) =>
             {
                 Some(Step::Reclaim)
             }
@@ -419,16 +433,18 @@ impl Lifecycle {
                     activity.last_busy_ms.store(now, Ordering::Relaxed);
                 }
                 let since = |ms: u64| Duration::from_millis(now.saturating_sub(ms));
+                let since_ms = |ms: u64| (ms != NEVER).then(|| since(ms));
                 let last_busy = activity.last_busy_ms.load(Ordering::Relaxed);
+                let reclaim_failed = activity.reclaim_failed_ms.load(Ordering::Relaxed);
                 Observation {
                     inflight: self.locks.inflight(&sandbox.sandbox_id),
                     id: sandbox.sandbox_id,
                     generation: sandbox.generation,
                     touches: activity.touches(),
                     since_active: since(activity.last_active_ms()),
-                    since_busy: (last_busy != NEVER).then(|| since(last_busy)),
+                    since_busy: since_ms(last_busy),
                     state: sample.map(|s| s.state),
-                    reclaim_failed: activity.reclaim_failed.load(Ordering::Relaxed),
+                    since_reclaim_failed: since_ms(reclaim_failed),
                     busy,
                 }
             })
@@ -477,7 +493,7 @@ impl Lifecycle {
                 let out = match self.backend.reclaim(&sandbox).await {
                     Ok(out) => out,
                     Err(e) => {
-                        activity.reclaim_failed.store(true, Ordering::Relaxed);
+                        activity.reclaim_failed(self.now_ms());
                         self.metrics.reclaim_failed("error");
                         return Err(e.into());
                     }
@@ -488,7 +504,7 @@ impl Lifecycle {
                         // Said once at start; tried again once it has some.
                         return Ok(false);
                     }
-                    activity.reclaim_failed.store(true, Ordering::Relaxed);
+                    activity.reclaim_failed(self.now_ms());
                     self.metrics.reclaim_failed(reason);
                     warn!(reason, detail = %out.detail, reclaimed_mib = out.bytes >> 20,
                           "reclaim did not finish: the sandbox stays frozen");
@@ -521,7 +537,7 @@ mod tests {
             since_busy: None,
             inflight,
             state: Some(IdleState::Active),
-            reclaim_failed: false,
+            since_reclaim_failed: None,
             busy: None,
         }
     }
@@ -573,12 +589,14 @@ mod tests {
             };
             assert_eq!(decide(&at(601, state), &ladder, None), without_timeout);
         }
-        // A frozen sandbox whose reclaim failed stays frozen (no retry).
-        let failed = Observation {
-            reclaim_failed: true,
+        // A frozen sandbox whose reclaim failed stays frozen, and is tried
+        // again once as long again has passed.
+        let failed = |secs| Observation {
+            since_reclaim_failed: Some(s(secs)),
             ..at(400, IdleState::Frozen)
         };
-        assert_eq!(decide(&failed, &ladder, del), Stay);
+        assert_eq!(decide(&failed(299), &ladder, del), Stay);
+        assert_eq!(decide(&failed(300), &ladder, del), Do(Step::Reclaim));
         // A request in flight: no step at all, however long ago the last.
         let serving = Observation {
             inflight: 1,

@@ -490,7 +490,7 @@ impl Lifecycle {
         match self.backend.wake(sandbox).await {
             Ok(Some(from)) => {
                 let took = started.elapsed();
-                pin.activity.reclaim_failed.store(false, Ordering::Relaxed);
+                pin.activity.woken();
                 self.metrics.wake(from.as_str(), took.as_secs_f64());
                 info!(sandbox_id = %sandbox.sandbox_id, generation = %sandbox.generation,
                       from = from.as_str(), wake_us = took.as_micros() as u64, "sandbox woken");
