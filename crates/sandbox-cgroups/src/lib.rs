@@ -149,6 +149,14 @@ pub enum CgroupError {
     BadDeviceRule { rule: String, reason: &'static str },
     #[error("device allow-list: {0}")]
     DeviceProgram(Box<bpf::BpfError>),
+    #[error(
+        "the cgroup parent {parent} lies inside {service}, the cgroup systemd started this service in: \
+         once a sandbox lives there, systemd cannot start the daemon in {service} again (a restart fails with \
+         status=219/CGROUP, \"Failed to attach to cgroup ...: Device or resource busy\"). Use a parent outside \
+         the unit (the default, sandboxd), or with systemd 254 or later add DelegateSubgroup=daemon to the unit \
+         (a drop-in), so systemd starts the daemon in the leaf {service}/daemon (docs/operations.md)"
+    )]
+    DelegatedWithoutSubgroup { service: PathBuf, parent: PathBuf },
     #[error("cannot move the daemon into leaf cgroup {path}: {source}")]
     MoveSelf {
         path: PathBuf,

@@ -96,7 +96,9 @@ impl CgroupRoot {
         let mounts = parse_layout(&text, &fs_root).ok_or_else(|| CgroupError::NoCgroupFs {
             path: fs_root.clone(),
         })?;
-        tracing::info!(
+        // Debug only: `serve` runs doctor's checks (a detect) before the
+        // backend's own; the backend logs the layout once, at info.
+        tracing::debug!(
             layout = %mounts.layout,
             parent = %parent_path.display(),
             "cgroup layout detected"
