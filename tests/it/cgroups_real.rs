@@ -19,6 +19,23 @@ const LIMITS: Resources = Resources {
     pids: 16,
 };
 
+/// No limit at all: the unified hierarchy of a hybrid host has no
+/// controllers.
+const NO_LIMITS: Resources = Resources {
+    memory_mb: 0,
+    cpus: 0.0,
+    pids: 0,
+};
+
+/// An (empty) cgroup directory, removed on drop.
+struct Rm(PathBuf);
+
+impl Drop for Rm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 /// A test parent cgroup, removed (with everything in it) on drop.
 struct TestRoot {
     root: CgroupRoot,
@@ -83,11 +100,16 @@ impl Drop for TestRoot {
 /// `sh -c "read go; <script>"`: held until [`release`] so that it can be
 /// moved into the cgroup before it does anything.
 fn gated(script: &str) -> (Child, ChildStdin) {
+    gated_to(script, Stdio::null())
+}
+
+/// [`gated`] with its stdout going to `stdout`.
+fn gated_to(script: &str, stdout: Stdio) -> (Child, ChildStdin) {
     let mut child = Command::new("/bin/sh")
         .arg("-c")
         .arg(format!("read go; {script}"))
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -256,12 +278,6 @@ fn v2_paths_on_the_unified_hierarchy() {
     }
     let unified = Path::new("/sys/fs/cgroup/unified");
     let v2 = CgroupRoot::with_root(unified, Layout::V2, &t.parent);
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
     let _rm = Rm(unified.join(&t.parent));
 
     // memory is bound to v1 here: refused before anything is created.
@@ -273,13 +289,8 @@ fn v2_paths_on_the_unified_hierarchy() {
     ));
     assert!(!unified.join(&t.parent).join("nomem").exists());
 
-    let none = Resources {
-        memory_mb: 0,
-        cpus: 0.0,
-        pids: 0,
-    };
     let sid = id("v2");
-    let cg = v2.create(&sid, &none).unwrap();
+    let cg = v2.create(&sid, &NO_LIMITS).unwrap();
     let dir = unified.join(&t.parent).join(&sid);
     assert!(
         dir.join("cgroup.kill").exists(),
@@ -341,20 +352,9 @@ fn the_device_program_enforces_the_allow_list() {
         v2.enforces_devices(),
         "the kernel refused the device program (see the log above)"
     );
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
     let _rm = Rm(v2_mount.join(&t.parent));
-    let none = Resources {
-        memory_mb: 0,
-        cpus: 0.0,
-        pids: 0,
-    };
     let sid = id("dev");
-    let cg = v2.create(&sid, &none).unwrap();
+    let cg = v2.create(&sid, &NO_LIMITS).unwrap();
     let dir = cg.v2_dir().unwrap().to_path_buf();
     let progs = sandboxd::cgroups::bpf::attached(&dir).unwrap();
     assert_eq!(progs.len(), 1, "programs attached to {}", dir.display());
@@ -378,15 +378,7 @@ fn the_device_program_enforces_the_allow_list() {
         d = s.display()
     );
     let run = |inside: bool| {
-        let mut child = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(format!("read go; {script}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
+        let (child, stdin) = gated_to(&script, Stdio::piped());
         if inside {
             enter(&cg, &child);
         }

@@ -76,13 +76,7 @@ async fn the_device_allow_list_is_enforced_by_the_devices_cgroup() {
     check_enforced(&d, &dirs, &cg).await;
     // The layout is logged once (docs/operations.md), although `serve`
     // runs doctor's checks, which detect it too, before the backend.
-    let layout_lines = d
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.contains("cgroup layout detected"))
-        .count();
+    let layout_lines = d.log_count("cgroup layout detected");
     assert_eq!(layout_lines, 1, "the layout line, logged once");
     let (s, _) = d.json("DELETE", "/api/sandboxes/dev", None).await;
     assert_eq!(s, 200);

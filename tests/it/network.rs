@@ -458,13 +458,7 @@ async fn create_delete_cycles_leave_no_network_behind() {
     }
     assert_no_net_leftovers(&dirs);
     if stub_only {
-        let n = d
-            .log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains("no usable DNS resolver"))
-            .count();
+        let n = d.log_count("no usable DNS resolver");
         assert_eq!(n, 1);
     }
 }

@@ -198,6 +198,16 @@ impl Daemon {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// How many log lines contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
     /// Waits until a log line contains `needle`.
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
         let end = Instant::now() + timeout;
