@@ -24,6 +24,7 @@ PORT=/dev/virtio-ports/tier.results
 # REPO (the host checkout's absolute path: the integration test binary
 # finds its files there), SLOT_BASE, IT_ARGS (the test binary's filters),
 # RUN_IT (0: the integration tests are not run, which is a failure),
+# IT_THREADS (their --test-threads),
 # CREATE_N, SLOW (a factor
 # on every time limit: 1 with KVM, more under TCG).
 . "$T/env"
@@ -526,7 +527,7 @@ integration_tests() {
     cp "$T/bin/it" /root/it
     cd "$REPO"
     # shellcheck disable=SC2086
-    CI=true SANDBOXD_TEST_SLOT_BASE=$SLOT_BASE /root/it $IT_ARGS --test-threads=2 \
+    CI=true SANDBOXD_TEST_SLOT_BASE=$SLOT_BASE /root/it $IT_ARGS --test-threads=$IT_THREADS \
         > "$OUT/it.log" 2>&1 || true
     grep -E '^test .* \.\.\. ' "$OUT/it.log" > "$OUT/it-results.txt" || true
     must grep -q '^test result: ' "$OUT/it.log"
