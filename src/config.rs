@@ -2,13 +2,37 @@
 //! then the environment names of the provisioner contract (env wins), then
 //! command-line flags. Every value has a working default so `sandboxd serve`
 //! runs in a fresh root shell with no file.
+//!
+//! Here: the top-level keys, the [`Config`] that composes the sections,
+//! loading, the one table of environment names ([`Config::apply_env`]) and
+//! the checks across sections. Each section's type, defaults and checks
+//! are with the code that reads it: `[limits]`
+//! `sandbox_abi::request::ResourceLimits`, `[native]`
+//! [`crate::backend::native::NativeConfig`], `[network]`
+//! [`crate::backend::native::net::NetworkConfig`], `[userns]`
+//! [`crate::backend::native::userns::UsernsConfig`], `[pool]`
+//! [`crate::backend::native::PoolConfig`], `[kubernetes]`
+//! [`crate::backend::kube_config::KubeConfig`], `[proxy]`
+//! [`crate::api::proxy::ProxyConfig`], `[images]`
+//! [`crate::images::ImagesConfig`]; `backend` and `log_format` are
+//! [`crate::backend::BackendKind`] and [`crate::cli::serve::LogFormat`].
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use sandbox_abi::request::ResourceLimits;
-use serde::{Deserialize, Serialize};
+use serde::de::{value::StrDeserializer, DeserializeOwned};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::api::proxy::ProxyConfig;
+use crate::backend::kube_config::{KubeConfig, DEFAULT_SANDBOX_IMAGE};
+use crate::backend::native::net::NetworkConfig;
+use crate::backend::native::userns::{UsernsConfig, UsernsMode};
+use crate::backend::native::{NativeConfig, PoolConfig};
+use crate::backend::BackendKind;
+use crate::cli::serve::LogFormat;
+use crate::images::ImagesConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,730 +49,95 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    Native,
-    Kubernetes,
-    Memory,
+/// `s` as a value of an enum whose serde derive spells its words (the
+/// derive's names are the one table of spellings): for the environment's
+/// values, and the file's keys whose errors name the key ([`KeyWord`]).
+pub fn parse_word<T: DeserializeOwned>(s: &str) -> Result<T, WordError> {
+    T::deserialize(StrDeserializer::<WordError>::new(s))
 }
 
-impl BackendKind {
-    /// Parses a `PROVISIONER_BACKEND` value; `docker` and `local` are
-    /// accepted aliases of `native` (the second element says so).
-    pub fn parse(s: &str) -> Result<(BackendKind, bool), String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "native" => Ok((BackendKind::Native, false)),
-            "docker" | "local" => Ok((BackendKind::Native, true)),
-            "kubernetes" | "k8s" => Ok((BackendKind::Kubernetes, false)),
-            "memory" => Ok((BackendKind::Memory, false)),
-            other => Err(format!(
-                "unknown backend {other:?} (expected native, kubernetes or memory)"
-            )),
+/// Why a string is not one of an enum's words.
+#[derive(Debug)]
+pub enum WordError {
+    /// `"x" is not a, b or c`.
+    Unknown {
+        value: String,
+        words: &'static [&'static str],
+    },
+    Other(String),
+}
+
+impl WordError {
+    /// The valid words: `a, b or c`.
+    pub fn words(&self) -> String {
+        let words = match self {
+            WordError::Unknown { words, .. } => *words,
+            WordError::Other(_) => &[],
+        };
+        match words.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => words.join(""),
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// journald's native protocol when stderr is the journal stream systemd
-    /// connected it to (`JOURNAL_STREAM` names stderr's device and inode),
-    /// else JSON when stderr is not a terminal, text on a terminal.
-    Auto,
-    Text,
-    Json,
-    /// journald's native protocol (span and event fields become journal
-    /// fields: `SANDBOX_ID`, `GENERATION`), JSON on stderr when the journal
-    /// socket cannot be reached.
-    Journald,
-}
-
-impl LogFormat {
-    /// What `Auto` means for a process whose stderr is (not) a terminal and
-    /// is (not) the journal stream named by `JOURNAL_STREAM`.
-    pub fn resolve(self, stderr_is_tty: bool, stderr_is_journal: bool) -> LogFormat {
-        match self {
-            LogFormat::Auto if stderr_is_journal => LogFormat::Journald,
-            LogFormat::Auto if !stderr_is_tty => LogFormat::Json,
-            LogFormat::Auto => LogFormat::Text,
-            other => other,
-        }
-    }
-}
-
-impl std::str::FromStr for LogFormat {
-    type Err = String;
-
-    /// Parses a `SANDBOXD_LOG_FORMAT` value (exact spelling).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "json" => Ok(LogFormat::Json),
-            "text" => Ok(LogFormat::Text),
-            "auto" => Ok(LogFormat::Auto),
-            "journald" => Ok(LogFormat::Journald),
-            _ => Err(format!("{s:?} is not auto, text, json or journald")),
-        }
-    }
-}
-
-/// How the daemon reaches a sandbox of the Kubernetes backend
-/// (`[kubernetes] connect_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub enum ConnectMode {
-    /// `pod-ip` (default; the daemon runs in the cluster):
-    /// `<podIP>:<container port>`, the Service is `ClusterIP`.
-    PodIp,
-    /// `service`: the `ClusterIP` of the sandbox's Service.
-    Service,
-    /// `nodeport`: `NODE_HOST:<nodePort>` of a `NodePort` Service, for a
-    /// daemon outside the cluster. Every node then forwards the port to the
-    /// sandbox: only safe because the agent refuses requests without the
-    /// per-incarnation credential (always on), see `docs/kubernetes.md`.
-    NodePort,
-}
-
-impl ConnectMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConnectMode::PodIp => "pod-ip",
-            ConnectMode::Service => "service",
-            ConnectMode::NodePort => "nodeport",
-        }
-    }
-}
-
-impl TryFrom<String> for ConnectMode {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "pod-ip" => Ok(ConnectMode::PodIp),
-            "service" => Ok(ConnectMode::Service),
-            "nodeport" => Ok(ConnectMode::NodePort),
-            other => Err(format!(
-                "kubernetes.connect_mode {other:?} is not pod-ip, service or nodeport"
-            )),
-        }
-    }
-}
-
-/// Written as its configuration spelling (for `sandboxd config default`).
-impl Serialize for ConnectMode {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl std::fmt::Display for ConnectMode {
+impl std::fmt::Display for WordError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Who makes the NetworkPolicy of sandbox Pods (`[kubernetes]
-/// network_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub enum NetworkPolicyMode {
-    /// `create` (default): one per sandbox, owned by its Pod; the daemon
-    /// refuses to start when it may not create NetworkPolicies.
-    Create,
-    /// `external`: the operator manages the policies of sandbox Pods.
-    External,
-}
-
-impl NetworkPolicyMode {
-    pub fn as_str(self) -> &'static str {
         match self {
-            NetworkPolicyMode::Create => "create",
-            NetworkPolicyMode::External => "external",
+            WordError::Unknown { value, .. } => write!(f, "{value:?} is not {}", self.words()),
+            WordError::Other(m) => f.write_str(m),
         }
     }
 }
 
-impl TryFrom<String> for NetworkPolicyMode {
-    type Error = String;
+impl std::error::Error for WordError {}
 
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "create" => Ok(NetworkPolicyMode::Create),
-            "external" => Ok(NetworkPolicyMode::External),
-            other => Err(format!(
-                "kubernetes.network_policy {other:?} is not create or external"
-            )),
+impl serde::de::Error for WordError {
+    fn custom<T: std::fmt::Display>(msg: T) -> Self {
+        WordError::Other(msg.to_string())
+    }
+
+    fn unknown_variant(value: &str, words: &'static [&'static str]) -> Self {
+        WordError::Unknown {
+            value: value.to_string(),
+            words,
         }
     }
 }
 
-/// Written as its configuration spelling (for `sandboxd config default`).
-impl Serialize for NetworkPolicyMode {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+/// An enum that is the value of one key, whose errors name the key
+/// (`kubernetes.seccomp "x" is not localhost or runtime-default`), in
+/// the file ([`key_word`]) as in the environment.
+pub trait KeyWord: DeserializeOwned {
+    /// The key, as errors name it.
+    const KEY: &'static str;
+
+    /// `s` as a value of the key.
+    fn parse_at_key(s: &str) -> Result<Self, String> {
+        parse_word(s).map_err(|e| format!("{} {e}", Self::KEY))
     }
 }
 
-impl std::fmt::Display for NetworkPolicyMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// `#[serde(deserialize_with = "...")]` of a [`KeyWord`] field: a string,
+/// parsed by [`KeyWord::parse_at_key`] (serde's own error names neither
+/// the key nor the value as written).
+pub fn key_word<'de, T: KeyWord, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+    let s = String::deserialize(d)?;
+    T::parse_at_key(&s).map_err(serde::de::Error::custom)
 }
 
-/// Which seccomp profile the Pods of the Kubernetes backend run under
-/// (`[kubernetes] seccomp`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub enum KubeSeccomp {
-    /// `localhost`: our profile, installed on every node under the kubelet
-    /// seccomp root (`seccomp_localhost_profile`).
-    Localhost,
-    /// `runtime-default`: the container runtime's default profile.
-    RuntimeDefault,
-}
-
-impl KubeSeccomp {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KubeSeccomp::Localhost => "localhost",
-            KubeSeccomp::RuntimeDefault => "runtime-default",
-        }
-    }
-}
-
-impl TryFrom<String> for KubeSeccomp {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "localhost" => Ok(KubeSeccomp::Localhost),
-            "runtime-default" => Ok(KubeSeccomp::RuntimeDefault),
-            other => Err(format!(
-                "kubernetes.seccomp {other:?} is not localhost or runtime-default"
-            )),
-        }
-    }
-}
-
-/// Written as its configuration spelling (for `sandboxd config default`).
-impl Serialize for KubeSeccomp {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl std::fmt::Display for KubeSeccomp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Node defaults and maxima for sandbox resources.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Limits {
-    pub memory_mb: u64,
-    pub cpus: f64,
-    pub pids: u64,
-    pub max_memory_mb: u64,
-    pub max_cpus: f64,
-    pub max_pids: u64,
-    /// Size cap of `/tmp` inside a sandbox.
-    pub tmp_size_mb: u64,
-    /// Size cap of `/home/gem` (and of an ephemeral user-data tmpfs).
-    pub home_size_mb: u64,
-}
-
-impl Limits {
-    /// What a create request is checked against: the node defaults and
-    /// maxima, without the tmpfs sizes.
-    pub fn resources(&self) -> ResourceLimits {
-        ResourceLimits {
-            memory_mb: self.memory_mb,
-            cpus: self.cpus,
-            pids: self.pids,
-            max_memory_mb: self.max_memory_mb,
-            max_cpus: self.max_cpus,
-            max_pids: self.max_pids,
-        }
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            memory_mb: 2048,
-            cpus: 1.0,
-            pids: 512,
-            max_memory_mb: 8192,
-            max_cpus: 4.0,
-            max_pids: 4096,
-            tmp_size_mb: 512,
-            home_size_mb: 512,
-        }
-    }
-}
-
-/// Settings of the node-local backend.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NativeConfig {
-    /// Host paths bind-mounted read-only into the "host" rootfs profile.
-    pub rootfs_binds: Vec<String>,
-    /// The `sandbox-agent` binary (default: next to `sandboxd`).
-    pub agent_path: Option<PathBuf>,
-    /// The `sandbox-init` binary (default: next to `sandboxd`).
-    pub init_path: Option<PathBuf>,
-    /// Base OCI spec overriding the embedded `oci/base.json`.
-    pub base_spec: Option<PathBuf>,
-    /// Seccomp profile overriding the embedded `seccomp/default.json`.
-    pub seccomp_profile: Option<PathBuf>,
-    /// Parent cgroup of all sandboxes (relative to the cgroup root).
-    pub cgroup_parent: String,
-    /// Show the host's `/usr/local` inside sandboxes when `/usr` is bound
-    /// (default false: an empty read-only tmpfs hides it, since what an
-    /// operator installs there by hand is not part of the sandbox image).
-    pub expose_usr_local: bool,
-}
-
-impl Default for NativeConfig {
-    fn default() -> Self {
-        NativeConfig {
-            rootfs_binds: [
-                "/usr",
-                "/etc/alternatives",
-                "/etc/ssl",
-                "/etc/ca-certificates",
-                "/etc/localtime",
-                "/etc/nsswitch.conf",
-                "/etc/ld.so.cache",
-                "/etc/ld.so.conf",
-                "/etc/ld.so.conf.d",
-                "/etc/python3",
-                "/etc/python3.11",
-                "/etc/gitconfig",
-                "/etc/bash.bashrc",
-                "/etc/profile",
-                "/etc/mime.types",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-            agent_path: None,
-            init_path: None,
-            base_spec: None,
-            seccomp_profile: None,
-            cgroup_parent: "sandboxd".to_string(),
-            expose_usr_local: false,
-        }
-    }
-}
-
-/// The response headers a sandbox may set on what the platform receives
-/// (the replaced provisioner's allow-list); `content-length` is always
-/// kept (framing) and hop-by-hop headers are always dropped.
-pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
-    "content-type",
-    "content-disposition",
-    "cache-control",
-    "etag",
-    "last-modified",
-];
-
-/// OCI images as native sandbox root filesystems (`[images]`, see
-/// `docs/images.md`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ImagesConfig {
-    /// The image every native sandbox runs (`SANDBOX_IMAGE`); unset: the
-    /// host's `/usr` (`[native] rootfs_binds`). The Kubernetes backend uses
-    /// it as the Pod image when set (else the top-level `sandbox_image`).
-    pub default: Option<String>,
-    /// References a create may name in its `"image"` field (400 otherwise).
-    pub allowed: Vec<String>,
-    /// A Docker-style `config.json` (`auths`) with registry credentials
-    /// (`SANDBOXD_IMAGES_AUTH_FILE`).
-    pub auth_file: Option<PathBuf>,
-    /// `host:port` of registries spoken to over plain HTTP
-    /// (`SANDBOXD_INSECURE_REGISTRIES`, comma-separated).
-    pub insecure_registries: Vec<String>,
-    /// Largest total of regular-file bytes one image may unpack to.
-    pub max_unpacked_mb: u64,
-}
-
-impl Default for ImagesConfig {
-    fn default() -> Self {
-        ImagesConfig {
-            default: None,
-            allowed: Vec::new(),
-            auth_file: None,
-            insecure_registries: Vec::new(),
-            max_unpacked_mb: 20 * 1024,
-        }
-    }
-}
-
-/// Settings of the streaming proxy (`[proxy]`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ProxyConfig {
-    /// Response headers copied back from a sandbox (case-insensitive);
-    /// every other one is dropped.
-    pub response_headers: Vec<String>,
-    /// Longest wait for a sandbox's response head once the request body
-    /// is sent (default: the exec timeout + 30 s, so it never cuts an exec
-    /// the agent answers in time).
-    pub head_timeout_seconds: Option<u64>,
-    /// Longest pause between two parts of a response body coming from a
-    /// sandbox.
-    pub body_idle_timeout_seconds: u64,
-    /// No effect: it chose between the hand-written relay and hyper, and
-    /// hyper now serves every proxied request (issue #31). Still accepted
-    /// so configurations that set it load.
-    pub relay: bool,
-}
-
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        ProxyConfig {
-            response_headers: DEFAULT_PROXY_RESPONSE_HEADERS
-                .iter()
-                .map(|h| h.to_string())
-                .collect(),
-            head_timeout_seconds: None,
-            body_idle_timeout_seconds: 60,
-            relay: true,
-        }
-    }
-}
-
-impl ProxyConfig {
-    /// The allowed response headers as header names (lower-cased).
-    pub fn response_header_names(&self) -> Result<Vec<http::HeaderName>, ConfigError> {
-        self.response_headers
-            .iter()
-            .map(|h| {
-                http::HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes()).map_err(
-                    |_| {
-                        ConfigError::Invalid(format!(
-                            "proxy.response_headers: {h:?} is not a header name"
-                        ))
-                    },
-                )
-            })
-            .collect()
-    }
-}
-
-/// Settings of the Kubernetes backend.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KubeConfig {
-    pub namespace: String,
-    pub kubeconfig_path: Option<PathBuf>,
-    pub node_host: String,
-    pub user_data_pvc: Option<String>,
-    pub skills_pvc: Option<String>,
-    /// Start without `user_data_pvc`/`skills_pvc`: persistent sandboxes
-    /// then get scratch space that vanishes with their Pod.
-    pub allow_ephemeral_user_data: bool,
-    /// `pod-ip` (default), `service` or `nodeport`.
-    pub connect_mode: ConnectMode,
-    /// `localhost` (our profile installed on nodes) or `runtime-default`.
-    pub seccomp: KubeSeccomp,
-    /// Path of the Localhost profile relative to the kubelet seccomp root.
-    pub seccomp_localhost_profile: String,
-    /// The `sandboxd` image (it holds the static agent that an init
-    /// container copies into every sandbox Pod).
-    pub agent_image: String,
-    /// `hostUsers: false` (a user namespace per Pod).
-    pub user_namespaces: bool,
-    /// `create` (default) or `external`.
-    pub network_policy: NetworkPolicyMode,
-    /// Ingress to sandbox Pods is admitted only from Pods matching these
-    /// labels in namespaces matching `ingress_namespace_labels`.
-    pub ingress_pod_labels: BTreeMap<String, String>,
-    pub ingress_namespace_labels: BTreeMap<String, String>,
-    /// Extra sources admitted (CIDRs; e.g. the node addresses with
-    /// `connect_mode = "nodeport"`).
-    pub ingress_cidrs: Vec<String>,
-    /// `CIDR[:port[/tcp|udp]]` holes in the egress deny list.
-    pub egress_allow: Vec<String>,
-    /// CIDRs denied on top of the built-in private ranges.
-    pub egress_deny: Vec<String>,
-    /// The cluster's Pod and Service CIDRs (denied; add them when they are
-    /// not inside the private ranges denied anyway).
-    pub cluster_cidrs: Vec<String>,
-    /// DNS is allowed to Pods matching these labels in namespaces matching
-    /// `dns_namespace_labels` (TCP and UDP 53), and nowhere else.
-    pub dns_pod_labels: BTreeMap<String, String>,
-    pub dns_namespace_labels: BTreeMap<String, String>,
-    /// The kubelets' `podPidsLimit`, when the operator set one (only
-    /// documented: Kubernetes has no per-Pod pids field); unset, the daemon
-    /// warns at start that `pids` is not enforced.
-    pub pod_pids_limit: Option<u64>,
-    /// Label selector of the replaced Python provisioner's Pods and
-    /// Services (`sandbox-<id>`), adopted read-only; empty: none.
-    pub legacy_selector: String,
-}
-
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-impl Default for KubeConfig {
-    fn default() -> Self {
-        KubeConfig {
-            namespace: "default".to_string(),
-            kubeconfig_path: None,
-            node_host: "127.0.0.1".to_string(),
-            user_data_pvc: None,
-            skills_pvc: None,
-            allow_ephemeral_user_data: false,
-            connect_mode: ConnectMode::PodIp,
-            seccomp: KubeSeccomp::Localhost,
-            seccomp_localhost_profile: "sandboxd/default.json".to_string(),
-            agent_image: DEFAULT_AGENT_IMAGE.to_string(),
-            user_namespaces: true,
-            network_policy: NetworkPolicyMode::Create,
-            ingress_pod_labels: labels(&[("app.kubernetes.io/name", "sandboxd")]),
-            ingress_namespace_labels: labels(&[("kubernetes.io/metadata.name", "sandboxd")]),
-            ingress_cidrs: Vec::new(),
-            egress_allow: Vec::new(),
-            egress_deny: Vec::new(),
-            cluster_cidrs: Vec::new(),
-            dns_pod_labels: labels(&[("k8s-app", "kube-dns")]),
-            dns_namespace_labels: labels(&[("kubernetes.io/metadata.name", "kube-system")]),
-            pod_pids_limit: None,
-            legacy_selector: "app=yuxi-sandbox".to_string(),
-        }
-    }
-}
-
-/// The `sandboxd` image built by the repository's `Dockerfile`, tagged with
-/// this version.
-pub const DEFAULT_AGENT_IMAGE: &str = concat!("sandboxd:", env!("CARGO_PKG_VERSION"));
-/// The default sandbox image of the Kubernetes backend: a public Debian
-/// userland with Python (the agent is copied in; see `docs/kubernetes.md`).
-pub const DEFAULT_SANDBOX_IMAGE: &str = "python:3.12-slim-bookworm";
-
-/// What the network of a sandbox is (`[network] mode`, `SANDBOXD_NETWORK`).
-pub use sandbox_abi::model::NetworkMode;
-
-/// Sandbox networking (`[network]`, see `docs/network.md`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NetworkConfig {
-    /// `egress` (default): a veth, NAT and the egress policy; `none`:
-    /// loopback only.
-    pub mode: NetworkMode,
-    /// The pool every sandbox's address comes from (a /31 each).
-    pub subnet: String,
-    /// Holes in the deny list: `CIDR` or `CIDR:port` (TCP and UDP).
-    pub allow: Vec<String>,
-    /// More denied destinations (CIDRs), on top of the built-in list.
-    pub deny: Vec<String>,
-    /// Concurrent connections one sandbox may have (`ct count`).
-    pub max_connections: u32,
-    /// The host's resolver configuration the sandboxes' resolvers come
-    /// from (a loopback stub sends us to systemd-resolved's upstream list).
-    pub resolv_conf: PathBuf,
-    /// The nftables table (family `inet`) the daemon owns.
-    pub table: String,
-    /// The prefix of the host ends of the sandboxes' veths. Two daemons on
-    /// one host (tests) need their own table, prefix and subnet.
-    pub link_prefix: String,
-}
-
-impl Default for NetworkConfig {
-    fn default() -> Self {
-        NetworkConfig {
-            mode: NetworkMode::Egress,
-            subnet: "10.243.0.0/16".to_string(),
-            allow: Vec::new(),
-            deny: Vec::new(),
-            max_connections: 512,
-            resolv_conf: PathBuf::from("/etc/resolv.conf"),
-            table: "sandboxd".to_string(),
-            link_prefix: "sbx-".to_string(),
-        }
-    }
-}
-
-/// Whether native sandboxes get a user namespace (`[userns] mode`,
-/// `SANDBOXD_USERNS`; see `docs/security.md#user-namespaces`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(try_from = "String", rename_all = "lowercase")]
-pub enum UsernsMode {
-    /// `auto` (default): on when the kernel and the filesystems of the
-    /// user-data and skills roots (and the other bound paths) support
-    /// idmapped mounts, checked at start with a probe mount; off
-    /// otherwise, said in the log.
-    Auto,
-    /// `on`: the daemon refuses to start without that support.
-    On,
-    /// `off`: every sandbox runs as host uid 1000 (the behaviour before
-    /// user namespaces).
-    Off,
-}
-
-impl std::str::FromStr for UsernsMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(UsernsMode::Auto),
-            "on" => Ok(UsernsMode::On),
-            "off" => Ok(UsernsMode::Off),
-            other => Err(format!("userns.mode {other:?} is not auto, on or off")),
-        }
-    }
-}
-
-impl TryFrom<String> for UsernsMode {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        s.parse()
-    }
-}
-
-/// Host ids of one sandbox's user namespace: container ids `0..65536`.
-pub const USERNS_SLOT: u32 = 65536;
-
-/// The warm pool of native sandboxes (`[pool]`; see
-/// `docs/architecture.md#warm-pool` and `docs/security.md#warm-pool`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PoolConfig {
-    /// Sandboxes kept started but bound to no user, for the default image
-    /// and network mode (`SANDBOXD_POOL_SIZE`). Default 0: the pool is off,
-    /// and every sandbox is started cold; a claimed member differs from a
-    /// cold sandbox inside (`docs/architecture.md#warm-pool`, "What differs").
-    pub size: usize,
-    /// How many pool members are started at once while refilling.
-    pub refill_concurrency: usize,
-    /// More pools, each for one network mode and image (`[[pool.extra]]`).
-    pub extra: Vec<PoolVariant>,
-}
-
-/// A pool for creates that ask for another network mode or image than the
-/// node's defaults (`[[pool.extra]]`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct PoolVariant {
-    /// The network mode of its members (default: the daemon's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<NetworkMode>,
-    /// The image of its members, one of `[images] allowed` (default: the
-    /// node's default image, or the host's userland).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    pub size: usize,
-}
-
-/// The largest pool accepted.
-pub const MAX_POOL_SIZE: usize = 256;
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        PoolConfig {
-            size: 0,
-            refill_concurrency: 1,
-            extra: Vec::new(),
-        }
-    }
-}
-
-impl PoolConfig {
-    /// Checks the sizes, and that every extra pool's image is one a create
-    /// may name (`allowed`: the normalized `[images] allowed` list).
-    pub fn validate(&self, allowed: &[String]) -> Result<(), ConfigError> {
-        let total: usize = self.size + self.extra.iter().map(|v| v.size).sum::<usize>();
-        if total > MAX_POOL_SIZE {
-            return Err(ConfigError::Invalid(format!(
-                "pool: {total} members in all is above the maximum {MAX_POOL_SIZE}"
-            )));
-        }
-        for v in &self.extra {
-            if let Some(image) = &v.image {
-                let norm = sandbox_image::reference::normalize(image).map_err(|e| {
-                    ConfigError::Invalid(format!("pool.extra: image {image:?}: {e}"))
-                })?;
-                if !allowed.contains(&norm) {
-                    return Err(ConfigError::Invalid(format!(
-                        "pool.extra: image {image:?} is not in [images] allowed"
-                    )));
-                }
+/// `Display` of enums as the configuration spells them (their serde
+/// names), for log lines and messages.
+macro_rules! display_as_word {
+    ($($t:ty),+ $(,)?) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                serde::Serialize::serialize(self, f)
             }
         }
-        if self.refill_concurrency == 0 || self.refill_concurrency > 16 {
-            return Err(ConfigError::Invalid(
-                "pool.refill_concurrency must be between 1 and 16".into(),
-            ));
-        }
-        Ok(())
-    }
+    )+};
 }
-
-/// User namespaces of native sandboxes (`[userns]`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct UsernsConfig {
-    pub mode: UsernsMode,
-    /// The first host uid/gid of the pool the sandboxes' ranges come from
-    /// (default 2^31, far above any real user or the usual
-    /// `/etc/subuid` ranges). A multiple of 65536.
-    pub range_start: u32,
-    /// How many host ids the pool holds (a multiple of 65536: one slot of
-    /// 65536 per sandbox; default 2^30, 16384 sandboxes).
-    pub range_count: u32,
-}
-
-impl Default for UsernsConfig {
-    fn default() -> Self {
-        UsernsConfig {
-            mode: UsernsMode::Auto,
-            range_start: 1 << 31,
-            range_count: 1 << 30,
-        }
-    }
-}
-
-impl UsernsConfig {
-    /// Number of sandbox slots in the pool.
-    pub fn slots(&self) -> u32 {
-        self.range_count / USERNS_SLOT
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(format!("userns: {m}")));
-        if self.range_start < USERNS_SLOT || !self.range_start.is_multiple_of(USERNS_SLOT) {
-            return bad(format!(
-                "range_start {} must be a multiple of 65536 and at least 65536 (host ids below belong to real users)",
-                self.range_start
-            ));
-        }
-        if self.range_count < USERNS_SLOT || !self.range_count.is_multiple_of(USERNS_SLOT) {
-            return bad(format!(
-                "range_count {} must be a positive multiple of 65536 (one slot per sandbox)",
-                self.range_count
-            ));
-        }
-        // The last id must stay below 2^32 - 1 ((uid_t)-1 means "no id").
-        if u64::from(self.range_start) + u64::from(self.range_count) > u64::from(u32::MAX) {
-            return bad(format!(
-                "range_start + range_count = {} exceeds the largest host id {}",
-                u64::from(self.range_start) + u64::from(self.range_count),
-                u32::MAX - 1
-            ));
-        }
-        Ok(())
-    }
-}
+pub(crate) use display_as_word;
 
 /// The whole daemon configuration.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -797,7 +186,8 @@ pub struct Config {
     /// (`MEMORY_CREATE_DELAY_MS`, tests). Environment only.
     #[serde(skip)]
     pub memory_create_delay_ms: u64,
-    pub limits: Limits,
+    /// `[limits]`: the node defaults and maxima of sandbox resources.
+    pub limits: ResourceLimits,
     /// Set when `PROVISIONER_BACKEND` used an alias (`docker`, `local`): the
     /// value, for the daemon to log once logging is set up (the config is
     /// read before the log format is known).
@@ -841,7 +231,7 @@ impl Default for Config {
             log_format: LogFormat::Auto,
             worker_threads: None,
             memory_create_delay_ms: 0,
-            limits: Limits::default(),
+            limits: ResourceLimits::default(),
             backend_alias: None,
             native: NativeConfig::default(),
             kubernetes: KubeConfig::default(),
@@ -926,9 +316,9 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOXD_LOG_FORMAT", Setter::Any(set_log_format)),
     ("SANDBOXD_WORKER_THREADS", Setter::Parsed(set_worker_threads)),
     ("MEMORY_CREATE_DELAY_MS", Setter::Parsed(|c, v| parse_into(&mut c.memory_create_delay_ms, v))),
-    ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_NETWORK", Setter::Parsed(|c, v| { c.network.mode = parse_word(v.trim()).map_err(|e| format!("network mode {e}"))?; Ok(()) })),
     ("SANDBOXD_POOL_SIZE", Setter::Parsed(|c, v| parse_into(&mut c.pool.size, v))),
-    ("SANDBOXD_USERNS", Setter::Parsed(|c, v| { c.userns.mode = v.trim().parse()?; Ok(()) })),
+    ("SANDBOXD_USERNS", Setter::Parsed(|c, v| { c.userns.mode = UsernsMode::parse_at_key(v.trim())?; Ok(()) })),
     ("SANDBOXD_USERNS_RANGE_START", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_start, v))),
     ("SANDBOXD_USERNS_RANGE_COUNT", Setter::Parsed(|c, v| parse_into(&mut c.userns.range_count, v))),
     ("SANDBOXD_NETWORK_SUBNET", Setter::Text(|c, v| c.network.subnet = v)),
@@ -977,7 +367,7 @@ fn set_backend(c: &mut Config, v: &str) -> Result<(), String> {
 /// `journald` exactly.
 fn set_log_format(c: &mut Config, v: &str) -> Result<(), String> {
     if !v.is_empty() {
-        c.log_format = v.parse()?;
+        c.log_format = parse_word(v).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -1094,15 +484,6 @@ impl Config {
         (cap * 1000.0).round() / 1000.0
     }
 
-    /// The proxy's response-head timeout: `[proxy] head_timeout_seconds`,
-    /// by default the exec timeout + 30 s (the agent answers an exec by the
-    /// exec timeout minus its margin, so a legitimate exec is never cut).
-    pub fn proxy_head_timeout_seconds(&self) -> u64 {
-        self.proxy
-            .head_timeout_seconds
-            .unwrap_or(self.exec_timeout_seconds + 30)
-    }
-
     /// The idle timeout after the contract's rule: `<= 0` disables the
     /// reaper; a timeout `<=` the exec timeout is raised to exec + 30.
     /// The second element is true when it was raised (the caller warns).
@@ -1146,13 +527,7 @@ impl Config {
                 "idle_check_interval_seconds must be at least 1".into(),
             ));
         }
-        self.proxy.response_header_names()?;
-        if self.proxy_head_timeout_seconds() == 0 || self.proxy.body_idle_timeout_seconds == 0 {
-            return Err(ConfigError::Invalid(
-                "proxy.head_timeout_seconds and proxy.body_idle_timeout_seconds must be at least 1"
-                    .into(),
-            ));
-        }
+        self.proxy.validate(self.exec_timeout_seconds)?;
         if self.stop_timeout_seconds == 0 {
             return Err(ConfigError::Invalid(
                 "stop_timeout_seconds must be at least 1".into(),
@@ -1163,21 +538,12 @@ impl Config {
             .images
             .allowed
             .iter()
-            .filter_map(|i| sandbox_image::reference::normalize(i).ok())
+            .filter_map(|i| crate::images::normalize(i).ok())
             .collect();
         self.pool.validate(&allowed)?;
-        let l = &self.limits;
-        if l.memory_mb > l.max_memory_mb || l.cpus > l.max_cpus || l.pids > l.max_pids {
-            return Err(ConfigError::Invalid(
-                "limits: a node default is above its maximum".into(),
-            ));
-        }
-        if l.cpus <= 0.0 || l.memory_mb == 0 || l.pids == 0 {
-            return Err(ConfigError::Invalid(
-                "limits: defaults must be positive".into(),
-            ));
-        }
-        Ok(())
+        self.limits
+            .validate()
+            .map_err(|m| ConfigError::Invalid(m.into()))
     }
 }
 
@@ -1212,121 +578,51 @@ pub fn parse_dotenv(text: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(out)
 }
 
+/// An environment of `pairs` (the tests of every section).
+#[cfg(test)]
+pub(crate) fn test_env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `toml` loaded as the configuration file, under the environment `env`
+/// (the tests of every section).
+#[cfg(test)]
+pub(crate) fn load_toml(toml: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, toml).unwrap();
+    Config::load(Some(&p), &test_env(env))
+}
+
+/// Loading each `(toml, want)` fails with an error that says `want`
+/// (tests).
+#[cfg(test)]
+pub(crate) fn assert_load_errors(cases: &[(&str, &str)]) {
+    for (toml, want) in cases {
+        let e = load_toml(toml, &[]).unwrap_err().to_string();
+        assert!(e.contains(want), "{toml}: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
     #[test]
     fn defaults_work_without_file() {
-        let c = Config::load(None, &env(&[])).unwrap();
+        let c = Config::load(None, &test_env(&[])).unwrap();
         assert_eq!(c.backend, BackendKind::Native);
         assert_eq!(c.listen_addr().unwrap().to_string(), "127.0.0.1:8002");
         c.validate().unwrap();
     }
 
     #[test]
-    fn pool_section_env_and_extra_pools() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(
-            &p,
-            "[images]\nallowed = [\"registry.example.com/tools:1\"]\n\
-             [pool]\nsize = 3\n\
-             [[pool.extra]]\nnetwork = \"none\"\nsize = 1\n\
-             [[pool.extra]]\nimage = \"registry.example.com/tools:1\"\nsize = 2\n",
-        )
-        .unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
-        assert_eq!((c.pool.size, c.pool.extra.len()), (3, 2));
-        assert_eq!(c.pool.extra[0].network, Some(NetworkMode::None));
-        c.validate().unwrap();
-        let c = Config::load(Some(&p), &env(&[("SANDBOXD_POOL_SIZE", "0")])).unwrap();
-        assert_eq!(c.pool.size, 0);
-        // Off unless asked for: a claimed member is not a cold sandbox.
-        let d = Config::load(None, &env(&[])).unwrap();
-        assert_eq!((d.pool.size, d.pool.extra.len()), (0, 0));
-        let c = Config::load(None, &env(&[("SANDBOXD_POOL_SIZE", "2")])).unwrap();
-        assert_eq!(c.pool.size, 2);
-        // An extra pool's image must be one a create may name.
-        std::fs::write(
-            &p,
-            "[[pool.extra]]\nimage = \"registry.example.com/other:2\"\nsize = 1\n",
-        )
-        .unwrap();
-        let e = Config::load(Some(&p), &env(&[]))
-            .and_then(|c| c.validate().map(|_| c))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not in [images] allowed"), "{e}");
-        // Too many members in all, and no refill.
-        std::fs::write(&p, "[pool]\nsize = 200\n[[pool.extra]]\nsize = 100\n").unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("maximum"));
-        std::fs::write(&p, "[pool]\nrefill_concurrency = 0\n").unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
-        assert!(c.validate().is_err());
-    }
-
-    #[test]
-    fn userns_section_and_env() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(
-            &p,
-            "[userns]\nmode = \"on\"\nrange_start = 131072\nrange_count = 196608\n",
-        )
-        .unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
-        assert_eq!(c.userns.mode, UsernsMode::On);
-        assert_eq!(c.userns.slots(), 3);
-        c.validate().unwrap();
-        let c = Config::load(
-            Some(&p),
-            &env(&[
-                ("SANDBOXD_USERNS", "off"),
-                ("SANDBOXD_USERNS_RANGE_START", "262144"),
-                ("SANDBOXD_USERNS_RANGE_COUNT", "65536"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(c.userns.mode, UsernsMode::Off);
-        assert_eq!((c.userns.range_start, c.userns.slots()), (262144, 1));
-        assert!(Config::load(Some(&p), &env(&[("SANDBOXD_USERNS", "maybe")])).is_err());
-        let d = Config::default();
-        assert_eq!(d.userns.mode, UsernsMode::Auto);
-        assert_eq!((d.userns.range_start, d.userns.slots()), (1 << 31, 16384));
-        for (start, count) in [
-            (1000, 65536),
-            (0, 65536),
-            (131072, 1000),
-            (131072, 0),
-            (u32::MAX - 65535, 65536),
-        ] {
-            let mut c = Config::default();
-            c.userns.range_start = start;
-            c.userns.range_count = count;
-            let e = c.validate().unwrap_err().to_string();
-            assert!(e.contains("userns"), "{e}");
-        }
-    }
-
-    #[test]
     fn env_wins_over_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(
-            &p,
-            "backend = \"memory\"\nidle_timeout_seconds = 900\n[limits]\npids = 100\n",
-        )
-        .unwrap();
-        let c = Config::load(Some(&p), &env(&[("SANDBOX_IDLE_TIMEOUT_SECONDS", "1000")])).unwrap();
+        let toml = "backend = \"memory\"\nidle_timeout_seconds = 900\n[limits]\npids = 100\n";
+        let c = load_toml(toml, &[("SANDBOX_IDLE_TIMEOUT_SECONDS", "1000")]).unwrap();
         assert_eq!(c.backend, BackendKind::Memory);
         assert_eq!(c.idle_timeout_seconds, 1000);
         assert_eq!(c.limits.pids, 100);
@@ -1334,113 +630,27 @@ mod tests {
 
     #[test]
     fn log_format_from_file_env_wins() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(&p, "log_format = \"json\"\n").unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        let toml = "log_format = \"json\"\n";
+        let c = load_toml(toml, &[]).unwrap();
         assert_eq!(c.log_format, LogFormat::Json);
-        let c = Config::load(Some(&p), &env(&[("SANDBOXD_LOG_FORMAT", "text")])).unwrap();
+        let c = load_toml(toml, &[("SANDBOXD_LOG_FORMAT", "text")]).unwrap();
         assert_eq!(c.log_format, LogFormat::Text);
-        let c = Config::load(Some(&p), &env(&[("SANDBOXD_LOG_FORMAT", "journald")])).unwrap();
+        let c = load_toml(toml, &[("SANDBOXD_LOG_FORMAT", "journald")]).unwrap();
         assert_eq!(c.log_format, LogFormat::Journald);
-        std::fs::write(&p, "log_format = \"journald\"\n").unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        let toml = "log_format = \"journald\"\n";
+        let c = load_toml(toml, &[]).unwrap();
         assert_eq!(c.log_format, LogFormat::Journald);
-    }
-
-    #[test]
-    fn auto_log_format_is_journald_only_on_the_journal_stream() {
-        use LogFormat::*;
-        // (stderr is a tty, stderr is the journal stream) -> format
-        for (tty, journal, want) in [
-            (false, true, Journald),
-            (true, true, Journald),
-            (false, false, Json),
-            (true, false, Text),
-        ] {
-            assert_eq!(
-                Auto.resolve(tty, journal),
-                want,
-                "tty={tty} journal={journal}"
-            );
-        }
-        for f in [Text, Json, Journald] {
-            assert_eq!(f.resolve(false, true), f);
-            assert_eq!(f.resolve(true, false), f);
-        }
     }
 
     #[test]
     fn unknown_keys_and_bad_env_are_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(&p, "listne = \"x\"\n").unwrap();
-        let e = Config::load(Some(&p), &env(&[])).unwrap_err().to_string();
+        let toml = "listne = \"x\"\n";
+        let e = load_toml(toml, &[]).unwrap_err().to_string();
         assert!(e.contains("listne"), "{e}");
-        let e = Config::load(None, &env(&[("SANDBOX_IDLE_TIMEOUT_SECONDS", "soon")]))
+        let e = Config::load(None, &test_env(&[("SANDBOX_IDLE_TIMEOUT_SECONDS", "soon")]))
             .unwrap_err()
             .to_string();
         assert!(e.contains("SANDBOX_IDLE_TIMEOUT_SECONDS"), "{e}");
-    }
-
-    #[test]
-    fn backend_aliases() {
-        for (v, k) in [
-            ("docker", BackendKind::Native),
-            ("local", BackendKind::Native),
-            ("kubernetes", BackendKind::Kubernetes),
-        ] {
-            let c = Config::load(None, &env(&[("PROVISIONER_BACKEND", v)])).unwrap();
-            assert_eq!(c.backend, k);
-            assert_eq!(c.backend_alias.is_some(), v != "kubernetes");
-        }
-        assert!(Config::load(None, &env(&[("PROVISIONER_BACKEND", "podman")])).is_err());
-    }
-
-    #[test]
-    fn kube_modes_from_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(
-            &p,
-            "[kubernetes]\nconnect_mode = \"pod-ip\"\nseccomp = \"runtime-default\"\n",
-        )
-        .unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
-        assert_eq!(c.kubernetes.connect_mode, ConnectMode::PodIp);
-        assert_eq!(c.kubernetes.seccomp, KubeSeccomp::RuntimeDefault);
-        assert_eq!(c.kubernetes.connect_mode.to_string(), "pod-ip");
-        assert_eq!(c.kubernetes.seccomp.to_string(), "runtime-default");
-        let c = Config::default();
-        assert_eq!(c.kubernetes.connect_mode, ConnectMode::PodIp);
-        assert_eq!(c.kubernetes.seccomp, KubeSeccomp::Localhost);
-    }
-
-    #[test]
-    fn images_settings() {
-        let c = Config::load(
-            None,
-            &env(&[
-                ("SANDBOX_IMAGE", "127.0.0.1:5000/tools:1"),
-                (
-                    "SANDBOXD_INSECURE_REGISTRIES",
-                    "127.0.0.1:5000, localhost:5001",
-                ),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(c.images.default.as_deref(), Some("127.0.0.1:5000/tools:1"));
-        assert_eq!(c.kube_sandbox_image(), "127.0.0.1:5000/tools:1");
-        assert_eq!(
-            c.images.insecure_registries,
-            vec!["127.0.0.1:5000", "localhost:5001"]
-        );
-        // The top-level key stays the Kubernetes backend's only.
-        let c: Config =
-            toml::from_str("sandbox_image = \"x:1\"\n[images]\nallowed = [\"a:1\"]\n").unwrap();
-        assert_eq!(c.kube_sandbox_image(), "x:1");
-        assert_eq!(c.images.default, None);
-        assert_eq!(c.images.allowed, vec!["a:1"]);
     }
 
     #[test]
@@ -1448,7 +658,7 @@ mod tests {
         // Empty counts as unset, except for the token and the booleans.
         let c = Config::load(
             None,
-            &env(&[
+            &test_env(&[
                 ("SANDBOX_IMAGE", ""),
                 ("SANDBOX_CONTAINER_PORT", " "),
                 ("PROVISIONER_BACKEND", " "),
@@ -1472,7 +682,7 @@ mod tests {
             ("SANDBOXD_WORKER_THREADS", "many"),
             ("MEMORY_CREATE_DELAY_MS", "soon"),
         ] {
-            let e = Config::load(None, &env(&[(name, value)]))
+            let e = Config::load(None, &test_env(&[(name, value)]))
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -1482,7 +692,7 @@ mod tests {
         }
         let c = Config::load(
             None,
-            &env(&[
+            &test_env(&[
                 ("SANDBOXD_ALLOW_NON_LOOPBACK", " Yes"),
                 ("SANDBOXD_WORKER_THREADS", " 3 "),
                 ("MEMORY_CREATE_DELAY_MS", "200"),
@@ -1498,7 +708,7 @@ mod tests {
     fn neutral_root_names_win() {
         let c = Config::load(
             None,
-            &env(&[
+            &test_env(&[
                 ("DOCKER_USER_DATA_HOST_PATH", "/a"),
                 ("SANDBOXD_USER_DATA_ROOT", "/b"),
                 ("DOCKER_SKILL_PROJECTIONS_HOST_PATH", "/s"),
@@ -1536,109 +746,32 @@ mod tests {
     }
 
     #[test]
-    fn proxy_response_headers_default_file_and_env() {
-        let c = Config::default();
-        let names: Vec<String> = c
-            .proxy
-            .response_header_names()
-            .unwrap()
-            .iter()
-            .map(|h| h.to_string())
-            .collect();
-        assert_eq!(names, DEFAULT_PROXY_RESPONSE_HEADERS);
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(
-            &p,
-            "[proxy]\nresponse_headers = [\"Content-Type\", \"X-Trace\"]\n",
-        )
-        .unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
-        let names = c.proxy.response_header_names().unwrap();
-        assert_eq!(names, ["content-type", "x-trace"]);
-        let c = Config::load(
-            Some(&p),
-            &env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", " etag ,, x-a")]),
-        )
-        .unwrap();
-        assert_eq!(c.proxy.response_headers, ["etag", "x-a"]);
-        let c = Config::load(
-            None,
-            &env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", "bad header")]),
-        )
-        .unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("bad header"));
-    }
-
-    #[test]
     fn delete_grace_default_file_and_env() {
         assert_eq!(Config::default().delete_grace_seconds, 10);
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(&p, "delete_grace_seconds = 3\n").unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        let toml = "delete_grace_seconds = 3\n";
+        let c = load_toml(toml, &[]).unwrap();
         assert_eq!(c.delete_grace_seconds, 3);
-        let c = Config::load(Some(&p), &env(&[("SANDBOXD_DELETE_GRACE_SECONDS", "0")])).unwrap();
+        let c = load_toml(toml, &[("SANDBOXD_DELETE_GRACE_SECONDS", "0")]).unwrap();
         assert_eq!(c.delete_grace_seconds, 0);
         c.validate().unwrap();
-        let e = Config::load(None, &env(&[("SANDBOXD_DELETE_GRACE_SECONDS", "soon")]))
-            .unwrap_err()
-            .to_string();
+        let e = Config::load(
+            None,
+            &test_env(&[("SANDBOXD_DELETE_GRACE_SECONDS", "soon")]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("SANDBOXD_DELETE_GRACE_SECONDS"), "{e}");
-    }
-
-    #[test]
-    fn proxy_timeouts_default_file_and_env() {
-        let c = Config::default();
-        assert_eq!(c.proxy_head_timeout_seconds(), 210);
-        assert_eq!(c.proxy.body_idle_timeout_seconds, 60);
-        assert!(c.proxy.relay);
-        let c = Config::load(None, &env(&[("SANDBOXD_PROXY_RELAY", "false")])).unwrap();
-        assert!(!c.proxy.relay);
-        assert!(Config::load(None, &env(&[("SANDBOXD_PROXY_RELAY", "sometimes")])).is_err());
-        let c = Config::load(None, &env(&[("SANDBOX_EXEC_TIMEOUT_SECONDS", "600")])).unwrap();
-        assert_eq!(c.proxy_head_timeout_seconds(), 630);
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(
-            &p,
-            "[proxy]\nhead_timeout_seconds = 100\nbody_idle_timeout_seconds = 20\n",
-        )
-        .unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
-        assert_eq!(c.proxy_head_timeout_seconds(), 100);
-        assert_eq!(c.proxy.body_idle_timeout_seconds, 20);
-        let c = Config::load(
-            Some(&p),
-            &env(&[
-                ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", "7"),
-                ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", "8"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(c.proxy_head_timeout_seconds(), 7);
-        assert_eq!(c.proxy.body_idle_timeout_seconds, 8);
-        c.validate().unwrap();
-        for name in [
-            "SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS",
-            "SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS",
-        ] {
-            let c = Config::load(None, &env(&[(name, "0")])).unwrap();
-            assert!(c.validate().is_err(), "{name}=0");
-        }
     }
 
     #[test]
     fn stop_timeout_default_file_and_env() {
         assert_eq!(Config::default().stop_timeout_seconds, 60);
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(&p, "stop_timeout_seconds = 40\n").unwrap();
-        let c = Config::load(Some(&p), &env(&[])).unwrap();
+        let toml = "stop_timeout_seconds = 40\n";
+        let c = load_toml(toml, &[]).unwrap();
         assert_eq!(c.stop_timeout_seconds, 40);
-        let c = Config::load(Some(&p), &env(&[("SANDBOXD_STOP_TIMEOUT_SECONDS", "5")])).unwrap();
+        let c = load_toml(toml, &[("SANDBOXD_STOP_TIMEOUT_SECONDS", "5")]).unwrap();
         assert_eq!(c.stop_timeout_seconds, 5);
-        let c = Config::load(None, &env(&[("SANDBOXD_STOP_TIMEOUT_SECONDS", "0")])).unwrap();
+        let c = Config::load(None, &test_env(&[("SANDBOXD_STOP_TIMEOUT_SECONDS", "0")])).unwrap();
         assert!(c.validate().is_err());
     }
 
@@ -1654,6 +787,58 @@ mod tests {
         assert!(c.validate().is_err());
         c.exec_timeout_seconds = 86_401;
         assert!(c.validate().is_err());
+    }
+
+    /// The messages of a bad word: the environment's name the variable,
+    /// the value and every valid word; the file's are serde's, but for a
+    /// [`KeyWord`] (`userns.rs`, `kube_config.rs`).
+    #[test]
+    fn bad_words_name_the_key_and_the_words() {
+        for (name, value, want) in [
+            (
+                "PROVISIONER_BACKEND",
+                " Podman",
+                "unknown backend \"podman\" (expected native, kubernetes or memory)",
+            ),
+            (
+                "SANDBOXD_LOG_FORMAT",
+                "JSON",
+                "\"JSON\" is not auto, text, json or journald",
+            ),
+            (
+                "SANDBOXD_NETWORK",
+                " bridge ",
+                "network mode \"bridge\" is not egress or none",
+            ),
+            (
+                "SANDBOXD_USERNS",
+                "maybe",
+                "userns.mode \"maybe\" is not auto, on or off",
+            ),
+        ] {
+            let e = Config::load(None, &test_env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(e, format!("environment variable {name}: {want}"));
+        }
+        assert_load_errors(&[
+            (
+                "backend = \"docker\"\n",
+                "unknown variant `docker`, expected one of `native`, `kubernetes`, `memory`",
+            ),
+            (
+                "log_format = \"JSON\"\n",
+                "unknown variant `JSON`, expected one of `auto`, `text`, `json`, `journald`",
+            ),
+            (
+                "[network]\nmode = \"bridge\"\n",
+                "unknown variant `bridge`, expected `egress` or `none`",
+            ),
+            (
+                "[[pool.extra]]\nnetwork = \"bridge\"\nsize = 1\n",
+                "unknown variant `bridge`, expected `egress` or `none`",
+            ),
+        ]);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   proxy guards, idle reaper, quiesce gate);
 //! - [`backend`]: the [`backend::Backend`] trait and its implementations;
 //! - [`images`]: OCI images as native sandbox roots (store, pulls; the
-//!   crate `sandbox-image` does the work);
+//!   crate `sandbox-image` does the work; cargo feature `images`, on by
+//!   default);
 //! - [`cli`], [`config`], [`metrics`], [`systemd`] (sd_notify and socket
 //!   activation).
 //!
@@ -33,5 +34,10 @@ pub use sandbox_abi::{failpoint, model};
 #[cfg(not(feature = "kube"))]
 pub const NO_KUBE: &str = "this build has no Kubernetes support (feature `kube`): \
      use `backend = \"native\"`, or a build with default features";
+/// The error of a build without the cargo feature `images` (a node build)
+/// when a create or the configuration names an image.
+#[cfg(not(feature = "images"))]
+pub const NO_IMAGES: &str = "this build has no image support (feature `images`): \
+     sandboxes run the host's userland; use a build with default features for images";
 pub use sandbox_cgroups as cgroups;
 pub use sandbox_seccomp as seccomp;

@@ -69,7 +69,7 @@ async fn the_list_shows_every_change_at_once() {
 
     // b is lost behind the lifecycle's back (its PID 1 exited): listed as
     // exited at once.
-    backend.delete("b", &b.generation).await.unwrap();
+    assert!(backend.exit("b"));
     let v = json(&listed(&st).await);
     assert_eq!(v["sandboxes"][1]["status"], "exited", "{v}");
 
@@ -88,12 +88,8 @@ async fn the_list_shows_every_change_at_once() {
 
     // Adoption of what the backend runs and the lifecycle did not admit
     // (a restart).
-    let spec = SandboxSpec::from_request(
-        req("c", "t"),
-        &BTreeMap::new(),
-        &crate::config::Limits::default().resources(),
-    )
-    .unwrap();
+    let spec =
+        SandboxSpec::from_request(req("c", "t"), &BTreeMap::new(), &Default::default()).unwrap();
     backend.create(&spec, Duration::from_secs(1)).await.unwrap();
     assert_eq!(json(&listed(&st).await)["count"], 1, "not admitted yet");
     assert_eq!(lc.adopt_existing().await.unwrap(), 2);

@@ -337,6 +337,7 @@ async fn serve_hyper<S>(
         let mut conn = std::pin::pin!(conn);
         if !*drain.borrow_and_update() {
             tokio::select! {
+                biased;
                 r = conn.as_mut() => return r,
                 _ = drain.changed() => {}
             }

@@ -30,12 +30,14 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::upstream::{self, lock, ConnUpstreams, UpstreamError};
 use super::RespBody;
+use crate::backend::SandboxRef;
+use crate::config::{Config, ConfigError};
 use crate::lifecycle::{Lifecycle, ProxyPin};
-use crate::model::SandboxRecord;
 
 /// The header names the proxy tells apart, as [`known`] classifies them:
 /// which it never forwards, never copies back, or frames itself.
@@ -119,6 +121,89 @@ impl Known {
     }
 }
 
+/// The response headers a sandbox may set on what the platform receives
+/// (the replaced provisioner's allow-list); `content-length` is always
+/// kept (framing) and hop-by-hop headers are always dropped.
+pub const DEFAULT_PROXY_RESPONSE_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-disposition",
+    "cache-control",
+    "etag",
+    "last-modified",
+];
+
+/// Settings of the streaming proxy (`[proxy]`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Response headers copied back from a sandbox (case-insensitive);
+    /// every other one is dropped.
+    pub response_headers: Vec<String>,
+    /// Longest wait for a sandbox's response head once the request body
+    /// is sent (default: the exec timeout + 30 s, so it never cuts an exec
+    /// the agent answers in time).
+    pub head_timeout_seconds: Option<u64>,
+    /// Longest pause between two parts of a response body coming from a
+    /// sandbox.
+    pub body_idle_timeout_seconds: u64,
+    /// No effect: it chose between the hand-written relay and hyper, and
+    /// hyper now serves every proxied request (issue #31). Still accepted
+    /// so configurations that set it load.
+    pub relay: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            response_headers: DEFAULT_PROXY_RESPONSE_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            head_timeout_seconds: None,
+            body_idle_timeout_seconds: 60,
+            relay: true,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The allowed response headers as header names (lower-cased).
+    pub fn response_header_names(&self) -> Result<Vec<HeaderName>, ConfigError> {
+        self.response_headers
+            .iter()
+            .map(|h| {
+                HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes()).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "proxy.response_headers: {h:?} is not a header name"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The response-head timeout: `head_timeout_seconds`, by default the
+    /// exec timeout + 30 s (the agent answers an exec by the exec timeout
+    /// minus its margin, so a legitimate exec is never cut).
+    pub fn effective_head_timeout_seconds(&self, exec_timeout_seconds: u64) -> u64 {
+        self.head_timeout_seconds
+            .unwrap_or(exec_timeout_seconds + 30)
+    }
+
+    /// Checks the header names and that neither timeout is 0.
+    pub fn validate(&self, exec_timeout_seconds: u64) -> Result<(), ConfigError> {
+        self.response_header_names()?;
+        if self.effective_head_timeout_seconds(exec_timeout_seconds) == 0
+            || self.body_idle_timeout_seconds == 0
+        {
+            return Err(ConfigError::Invalid(
+                "proxy.head_timeout_seconds and proxy.body_idle_timeout_seconds must be at least 1"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// How the proxy treats responses (from `[proxy]` in the configuration).
 #[derive(Debug, Clone)]
 pub struct ProxySettings {
@@ -135,10 +220,13 @@ pub struct ProxySettings {
 }
 
 impl ProxySettings {
-    pub fn from_config(cfg: &crate::config::Config) -> Result<Self, crate::config::ConfigError> {
+    pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
         Ok(ProxySettings {
             response_headers: cfg.proxy.response_header_names()?,
-            head_timeout: Duration::from_secs(cfg.proxy_head_timeout_seconds()),
+            head_timeout: Duration::from_secs(
+                cfg.proxy
+                    .effective_head_timeout_seconds(cfg.exec_timeout_seconds),
+            ),
             body_idle_timeout: Duration::from_secs(cfg.proxy.body_idle_timeout_seconds),
             workers: cfg
                 .worker_threads
@@ -149,20 +237,18 @@ impl ProxySettings {
 
 impl Default for ProxySettings {
     fn default() -> Self {
-        Self::from_config(&crate::config::Config::default()).expect("valid default")
+        Self::from_config(&Config::default()).expect("valid default")
     }
 }
 
 /// Keeps only the allowed response headers (and `content-length`): a
 /// sandbox must not set `Set-Cookie`, `Location` or anything else on a
-/// response the platform receives. Works in place (no new map per
-/// response).
+/// response the platform receives.
 fn allowed_response_headers(headers: &mut HeaderMap, allowed: &[HeaderName]) {
-    filter_headers(headers, Known::dropped_from_responses);
-    let keep = |name: &HeaderName| name == header::CONTENT_LENGTH || allowed.contains(name);
-    while let Some(name) = headers.keys().find(|n| !keep(n)).cloned() {
-        headers.remove(name);
-    }
+    filter_headers(headers, |name| {
+        !Known::dropped_from_responses(known(name.as_str()))
+            && (name == header::CONTENT_LENGTH || allowed.contains(name))
+    });
 }
 
 /// The request body sent to a sandbox: the client's, plus a signal when
@@ -250,7 +336,7 @@ impl PinnedBody {
     fn id(&self) -> String {
         self.pin
             .as_ref()
-            .map(|p| p.record.sandbox_id.clone())
+            .map(|p| p.sandbox.sandbox_id.clone())
             .unwrap_or_default()
     }
 
@@ -349,43 +435,60 @@ impl Drop for PinnedBody {
     }
 }
 
-/// Drops the headers named in `Connection` (hop-by-hop too), then those
-/// in `drop` (looked for among the few headers present, rather than
-/// hashing every name of `drop`).
-fn filter_headers(headers: &mut HeaderMap, drop: fn(Known) -> bool) {
-    if headers.contains_key(header::CONNECTION) {
-        let listed: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
-        for name in listed {
+/// Keeps the headers `keep` accepts, except those named in `Connection`
+/// (hop-by-hop too). The names to drop are gathered a few at a time on the
+/// stack in one scan, then removed (no allocation unless `Connection`
+/// names some).
+fn filter_headers(headers: &mut HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    loop {
+        let mut doomed: [Option<HeaderName>; 8] = Default::default();
+        let mut n = 0;
+        for name in headers.keys() {
+            if !keep(name) || listed.contains(name) {
+                doomed[n] = Some(name.clone());
+                n += 1;
+                if n == doomed.len() {
+                    break;
+                }
+            }
+        }
+        for name in doomed.into_iter().flatten() {
             headers.remove(name);
         }
+        if n < 8 {
+            return;
+        }
     }
-    while let Some(name) = headers.keys().find(|n| drop(known(n.as_str()))).cloned() {
-        headers.remove(name);
-    }
+}
+
+/// Whether a request header goes on to the sandbox.
+fn forwarded_request_header(name: &HeaderName) -> bool {
+    !Known::dropped_from_requests(known(name.as_str()))
 }
 
 /// What every request forwarded to one incarnation carries: the backend's
 /// path prefix and the agent credential (both fixed for an incarnation;
 /// read once per incarnation and client connection).
 pub struct Incarnation {
-    /// The record it was read for (the same `Arc` while the connection's
-    /// pin cache holds that incarnation).
-    record: Arc<SandboxRecord>,
+    /// The incarnation it was read for (the same `Arc` while the
+    /// connection's pin cache holds it).
+    sandbox: Arc<SandboxRef>,
     prefix: String,
     credential: Option<HeaderValue>,
 }
 
 impl Incarnation {
-    async fn of(lc: &Lifecycle, record: &Arc<SandboxRecord>) -> Result<Self, ApiError> {
+    async fn of(lc: &Lifecycle, sandbox: &Arc<SandboxRef>) -> Result<Self, ApiError> {
         let credential = match lc
             .backend()
-            .agent_credential(record)
+            .agent_credential(sandbox)
             .await
             .map_err(crate::lifecycle::LifecycleError::from)?
         {
@@ -393,7 +496,7 @@ impl Incarnation {
                 let mut v = HeaderValue::from_str(&c.0).map_err(|_| {
                     ApiError::BadGateway(format!(
                         "sandbox {}: unusable agent credential",
-                        record.sandbox_id
+                        sandbox.sandbox_id
                     ))
                 })?;
                 v.set_sensitive(true);
@@ -402,8 +505,8 @@ impl Incarnation {
             None => None,
         };
         Ok(Incarnation {
-            record: record.clone(),
-            prefix: lc.backend().path_prefix(record),
+            sandbox: sandbox.clone(),
+            prefix: lc.backend().path_prefix(sandbox),
             credential,
         })
     }
@@ -440,16 +543,26 @@ async fn admit(lc: &Lifecycle, conn: &ConnUpstreams, id: &str) -> Result<ProxyPi
 
 /// The first frame of a response body when it is there at once (it came
 /// with the head): `None` when the body has to be waited for.
+///
+/// The upstream connection decodes what it read with the head when it is
+/// polled again, so this looks up to twice more, each time after one more
+/// round of the connection's task ([`upstream::Driven`]: waking it while
+/// it polls only makes it go round once more; `yield_now` would go through
+/// the scheduler and its I/O driver instead).
 async fn ready_frame(body: &mut Incoming) -> Option<Option<Result<Frame<Bytes>, hyper::Error>>> {
-    // Once more after the connection's task went round (the upstream
-    // connection decodes what it read with the head when polled again).
-    for _ in 0..2 {
-        if let Poll::Ready(f) = futures_util::poll!(body.frame()) {
-            return Some(f);
+    let mut rounds = 2;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(f) = Pin::new(&mut *body).poll_frame(cx) {
+            return Poll::Ready(Some(f));
         }
-        tokio::task::yield_now().await;
-    }
-    None
+        if rounds == 0 {
+            return Poll::Ready(None);
+        }
+        rounds -= 1;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
 }
 
 /// Proxies `req` to sandbox `id` at `/{rest}?{query}`, on an upstream
@@ -464,15 +577,15 @@ pub async fn forward(
 ) -> Result<Response<RespBody>, ApiError> {
     lifecycle.metrics().proxy_requests.inc();
     let pin = admit(lifecycle, conn, id).await?;
-    let record = &pin.record;
-    tracing::Span::current().record("generation", record.generation.as_str());
+    let sandbox = &pin.sandbox;
+    tracing::Span::current().record("generation", sandbox.generation.as_str());
     let cached = lock(&conn.incarnation)
         .clone()
-        .filter(|i| Arc::ptr_eq(&i.record, record));
+        .filter(|i| Arc::ptr_eq(&i.sandbox, sandbox));
     let inc = match cached {
         Some(i) => i,
         None => {
-            let i = Arc::new(Incarnation::of(lifecycle, record).await?);
+            let i = Arc::new(Incarnation::of(lifecycle, sandbox).await?);
             *lock(&conn.incarnation) = Some(i.clone());
             i
         }
@@ -499,12 +612,14 @@ pub async fn forward(
         (hyper::upgrade::on(&mut req), protocol)
     });
     let (mut parts, body) = req.into_parts();
-    filter_headers(&mut parts.headers, Known::dropped_from_requests);
+    filter_headers(&mut parts.headers, forwarded_request_header);
     parts.headers.remove(header::CONTENT_LENGTH);
     if let Some(n) = body.size_hint().exact() {
-        parts
-            .headers
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        let n = match n {
+            0 => HeaderValue::from_static("0"),
+            n => HeaderValue::from(n),
+        };
+        parts.headers.insert(header::CONTENT_LENGTH, n);
     }
     if let Some((_, Some(protocol))) = &upgrade {
         parts.headers.insert(header::UPGRADE, protocol.clone());
@@ -543,22 +658,23 @@ pub async fn forward(
         if upgrade.is_some() {
             upstream::send_upgrade(
                 lifecycle,
-                &record.sandbox_id,
-                &record.generation,
+                &sandbox.sandbox_id,
+                &sandbox.generation,
                 upstream_req,
             )
             .await
         } else {
             conn.send(
                 lifecycle,
-                &record.sandbox_id,
-                &record.generation,
+                &sandbox.sandbox_id,
+                &sandbox.generation,
                 upstream_req,
             )
             .await
         }
     };
     let resp = tokio::select! {
+        biased;
         r = send => r.map_err(|e| {
             let msg = match e {
                 UpstreamError::Connect(e) => e.to_string(),
@@ -646,7 +762,7 @@ fn tunnel(
     parts
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    let id = pin.record.sandbox_id.clone();
+    let id = pin.sandbox.sandbox_id.clone();
     tokio::spawn(async move {
         let cancelled = pin.cancellation();
         let joined = async {
@@ -694,6 +810,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{load_toml, test_env};
 
     #[test]
     fn hop_by_hop_dropped() {
@@ -703,7 +820,7 @@ mod tests {
         h.insert("x-secret", "1".parse().unwrap());
         h.insert("content-type", "text/plain".parse().unwrap());
         h.insert(sandbox_abi::credential::HEADER, "forged".parse().unwrap());
-        filter_headers(&mut h, Known::dropped_from_requests);
+        filter_headers(&mut h, forwarded_request_header);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("content-type"));
     }
@@ -822,5 +939,81 @@ mod tests {
             })
             .collect::<Vec<_>>()
             .join("-")
+    }
+
+    #[test]
+    fn proxy_response_headers_default_file_and_env() {
+        let c = Config::default();
+        let names: Vec<String> = c
+            .proxy
+            .response_header_names()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_string())
+            .collect();
+        assert_eq!(names, DEFAULT_PROXY_RESPONSE_HEADERS);
+        let toml = "[proxy]\nresponse_headers = [\"Content-Type\", \"X-Trace\"]\n";
+        let c = load_toml(toml, &[]).unwrap();
+        let names = c.proxy.response_header_names().unwrap();
+        assert_eq!(names, ["content-type", "x-trace"]);
+        let c = load_toml(toml, &[("SANDBOXD_PROXY_RESPONSE_HEADERS", " etag ,, x-a")]).unwrap();
+        assert_eq!(c.proxy.response_headers, ["etag", "x-a"]);
+        let c = Config::load(
+            None,
+            &test_env(&[("SANDBOXD_PROXY_RESPONSE_HEADERS", "bad header")]),
+        )
+        .unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("bad header"));
+    }
+
+    #[test]
+    fn proxy_timeouts_default_file_and_env() {
+        let c = Config::default();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            210
+        );
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 60);
+        assert!(c.proxy.relay);
+        let c = Config::load(None, &test_env(&[("SANDBOXD_PROXY_RELAY", "false")])).unwrap();
+        assert!(!c.proxy.relay);
+        assert!(Config::load(None, &test_env(&[("SANDBOXD_PROXY_RELAY", "sometimes")])).is_err());
+        let c = Config::load(None, &test_env(&[("SANDBOX_EXEC_TIMEOUT_SECONDS", "600")])).unwrap();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            630
+        );
+        let toml = "[proxy]\nhead_timeout_seconds = 100\nbody_idle_timeout_seconds = 20\n";
+        let c = load_toml(toml, &[]).unwrap();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            100
+        );
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 20);
+        let c = load_toml(
+            toml,
+            &[
+                ("SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS", "7"),
+                ("SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS", "8"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            c.proxy
+                .effective_head_timeout_seconds(c.exec_timeout_seconds),
+            7
+        );
+        assert_eq!(c.proxy.body_idle_timeout_seconds, 8);
+        c.validate().unwrap();
+        for name in [
+            "SANDBOXD_PROXY_HEAD_TIMEOUT_SECONDS",
+            "SANDBOXD_PROXY_BODY_IDLE_TIMEOUT_SECONDS",
+        ] {
+            let c = Config::load(None, &test_env(&[(name, "0")])).unwrap();
+            assert!(c.validate().is_err(), "{name}=0");
+        }
     }
 }

@@ -254,8 +254,10 @@ pub async fn handle(
 ) -> Result<Response<RespBody>, Infallible> {
     let started = Instant::now();
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let routed = if matches!(Route::parse(&path), Some(Route::Proxy(..))) {
+    // A clone of the URI shares its bytes (no copy of the path).
+    let uri = req.uri().clone();
+    let path = uri.path();
+    let routed = if matches!(Route::parse(path), Some(Route::Proxy(..))) {
         route(&state, &upstreams, req).await
     } else {
         let (state, upstreams) = (state.clone(), upstreams.clone());
@@ -270,7 +272,7 @@ pub async fn handle(
     };
     let resp = match routed {
         Ok(r) => r,
-        Err(e) => failure(&state, &method, &path, &e),
+        Err(e) => failure(&state, &method, path, &e),
     };
     debug!(%method, %path, status = resp.status().as_u16(),
            elapsed_us = started.elapsed().as_micros() as u64, "request");
@@ -282,8 +284,8 @@ async fn route(
     upstreams: &ConnUpstreams,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, ApiError> {
-    let path = req.uri().path().to_string();
-    let route = Route::parse(&path).ok_or(ApiError::NoRoute)?;
+    let uri = req.uri().clone();
+    let route = Route::parse(uri.path()).ok_or(ApiError::NoRoute)?;
     let m = req.method().clone();
     if !matches!(route, Route::Health | Route::Metrics | Route::OpenApi) {
         let header = req
@@ -419,7 +421,9 @@ async fn route(
             // The recent output of PID 1; not activity (an operator looking
             // does not keep a sandbox alive).
             valid_id(id)?;
-            lc.record(id).ok_or(LifecycleError::NotFound)?;
+            if !lc.is_tracked(id) {
+                return Err(LifecycleError::NotFound.into());
+            }
             let text = lc.backend().logs(id).ok_or_else(|| {
                 ApiError::NotFoundDetail(format!(
                     "the {} backend keeps no output of its sandboxes",
@@ -434,13 +438,12 @@ async fn route(
         }
         (Route::Proxy(id, rest), m) if PROXY_METHODS.contains(m) => {
             valid_id(id)?;
-            let (id, rest) = (id.to_string(), rest.to_string());
             let span = tracing::debug_span!(
                 "proxy",
                 sandbox_id = %id,
                 generation = tracing::field::Empty
             );
-            proxy::forward(lc, upstreams, &state.proxy, &id, &rest, req)
+            proxy::forward(lc, upstreams, &state.proxy, id, rest, req)
                 .instrument(span)
                 .await
         }

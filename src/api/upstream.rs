@@ -218,9 +218,11 @@ impl<C: Reusable> UpstreamPool<C> {
         Some(parked.swap_remove(i))
     }
 
-    pub fn park(&self, ups: impl Iterator<Item = Upstream<C>>) {
+    /// Parks what of `ups` is worth keeping; returns how many it parked.
+    pub fn park(&self, ups: impl Iterator<Item = Upstream<C>>) -> usize {
         let mut parked = lock(&self.parked);
         parked.retain_mut(worth_keeping);
+        let mut n = 0;
         for mut u in ups {
             if !u.conn.reusable() {
                 continue;
@@ -237,7 +239,9 @@ impl<C: Reusable> UpstreamPool<C> {
             }
             u.last_used = Instant::now();
             parked.push(u);
+            n += 1;
         }
+        n
     }
 
     /// Number of parked connections (tests).
@@ -413,8 +417,12 @@ impl Drop for ConnUpstreams {
     fn drop(&mut self) {
         let ups = std::mem::take(&mut *lock(&self.ups));
         // Only idle connections can serve another request.
-        self.pool
+        let n = self
+            .pool
             .park(ups.into_iter().filter(|u| u.conn.sender.is_ready()));
+        if n > 0 {
+            tracing::debug!(parked = n, "upstream connections parked");
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::net::TcpStream;
 
-use super::{Backend, BackendError, Upstream};
+use super::{Backend, BackendError, SandboxRef, Upstream};
 use crate::model::{new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus};
 
 pub struct MemoryBackend {
@@ -41,13 +41,6 @@ fn split_url(url: &str) -> Result<(String, String), BackendError> {
 }
 
 impl MemoryBackend {
-    fn current_status(&self, record: &SandboxRecord) -> SandboxStatus {
-        match self.map().get(&record.sandbox_id) {
-            Some(r) if r.generation == record.generation => SandboxStatus::Running,
-            _ => SandboxStatus::Exited,
-        }
-    }
-
     pub fn new(template: &str, create_delay: Duration) -> Result<Self, BackendError> {
         split_url(&template.replace("{sandbox_id}", "x"))?;
         Ok(MemoryBackend {
@@ -64,6 +57,18 @@ impl MemoryBackend {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxRecord>> {
         self.sandboxes.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Marks sandbox `id` exited, as a real backend does when its PID 1
+    /// dies (tests); false when there is none.
+    pub fn exit(&self, id: &str) -> bool {
+        match self.map().get_mut(id) {
+            Some(r) => {
+                r.status = SandboxStatus::Exited;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 #[async_trait]
@@ -78,6 +83,10 @@ impl Backend for MemoryBackend {
         _health_timeout: Duration,
     ) -> Result<SandboxRecord, BackendError> {
         if !self.create_delay.is_zero() {
+            // What a test waits on to know the create passed the lifecycle's
+            // gates and is held here.
+            tracing::info!(sandbox_id = %spec.sandbox_id, delay_ms = self.create_delay.as_millis() as u64,
+                           "memory backend: create held for its delay");
             tokio::time::sleep(self.create_delay).await;
         }
         let record = SandboxRecord {
@@ -96,14 +105,22 @@ impl Backend for MemoryBackend {
         Ok(self.map().values().cloned().collect())
     }
 
-    async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
-        self.current_status(record)
+    async fn running(&self, sandbox: &SandboxRef) -> bool {
+        self.map().get(&sandbox.sandbox_id).is_some_and(|r| {
+            r.generation == sandbox.generation && r.status == SandboxStatus::Running
+        })
     }
 
-    async fn get(&self, records: &mut [SandboxRecord]) {
-        for r in records {
-            r.status = self.current_status(r);
-        }
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
+        let map = self.map();
+        sandboxes
+            .iter()
+            .map(|s| {
+                map.get(&s.sandbox_id)
+                    .filter(|r| r.generation == s.generation)
+                    .cloned()
+            })
+            .collect()
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
@@ -120,8 +137,8 @@ impl Backend for MemoryBackend {
         }
     }
 
-    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
-        let (authority, _) = split_url(&self.url_of(&record.sandbox_id))?;
+    async fn connect(&self, sandbox: &SandboxRef) -> Result<Upstream, BackendError> {
+        let (authority, _) = split_url(&self.url_of(&sandbox.sandbox_id))?;
         let stream = TcpStream::connect(&authority)
             .await
             .map_err(|e| BackendError::Unreachable(format!("{authority}: {e}").into()))?;
@@ -129,8 +146,8 @@ impl Backend for MemoryBackend {
         Ok(Upstream { stream })
     }
 
-    fn path_prefix(&self, record: &SandboxRecord) -> String {
-        split_url(&self.url_of(&record.sandbox_id))
+    fn path_prefix(&self, sandbox: &SandboxRef) -> String {
+        split_url(&self.url_of(&sandbox.sandbox_id))
             .map(|(_, p)| p)
             .unwrap_or_default()
     }

@@ -8,14 +8,45 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
-use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
+use crate::config::parse_word;
+use crate::model::{SandboxRecord, SandboxSpec};
 
 #[cfg(feature = "kube")]
 pub mod kube;
+pub mod kube_config;
 pub mod memory;
 pub mod native;
+
+/// Which backend the daemon runs (`backend`, `PROVISIONER_BACKEND`,
+/// `--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Native,
+    Kubernetes,
+    Memory,
+}
+
+impl BackendKind {
+    /// Parses a `PROVISIONER_BACKEND` (or `--backend`) value, in any case:
+    /// `docker` and `local` are accepted aliases of `native` (the second
+    /// element says so), `k8s` of `kubernetes`. The file takes only the
+    /// names.
+    pub fn parse(s: &str) -> Result<(BackendKind, bool), String> {
+        let s = s.trim().to_ascii_lowercase();
+        let (name, alias) = match s.as_str() {
+            "docker" | "local" => ("native", true),
+            "k8s" => ("kubernetes", false),
+            other => (other, false),
+        };
+        let kind = parse_word(name)
+            .map_err(|e| format!("unknown backend {name:?} (expected {})", e.words()))?;
+        Ok((kind, alias))
+    }
+}
 
 /// The error a [`BackendError`] carries: the backend's own (its chain of
 /// causes kept), or a message.
@@ -129,10 +160,31 @@ pub struct SandboxNetwork {
     pub mode: crate::model::NetworkMode,
 }
 
+/// One incarnation of a sandbox, by name: its id and generation. What the
+/// lifecycle keeps of a sandbox it admitted (the generation fence) and asks
+/// the backend about; the record itself is the backend's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRef {
+    pub sandbox_id: String,
+    pub generation: String,
+}
+
+impl SandboxRef {
+    /// The incarnation `record` is of.
+    pub fn of(record: &SandboxRecord) -> SandboxRef {
+        SandboxRef {
+            sandbox_id: record.sandbox_id.clone(),
+            generation: record.generation.clone(),
+        }
+    }
+}
+
 /// How one sandbox is made, found, reached and destroyed. The backend owns
 /// the records of its sandboxes (its table: the native backend's, persisted
-/// in each `state.json`; the Kubernetes backend's cache of Pods; the memory
-/// backend's map): status is read from there, never kept elsewhere.
+/// in each `state.json`; the Kubernetes backend's records with its cache of
+/// Pods; the memory backend's map): the lifecycle keeps only which
+/// incarnation it admitted ([`SandboxRef`]), and every record, status
+/// included, is read from the backend with [`Backend::status`].
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// `native`, `kubernetes` or `memory` (reported by `/health`).
@@ -153,42 +205,45 @@ pub trait Backend: Send + Sync + 'static {
     /// already gone. Never touches user files.
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError>;
 
-    /// Whether `record`'s incarnation runs, from the backend's table (no
-    /// network round trip where avoidable, no file read): asked on every
-    /// proxied request.
-    async fn status(&self, record: &SandboxRecord) -> SandboxStatus;
+    /// The incarnations `sandboxes` names, as the backend's table has them
+    /// now, in the same order: each its record with the status and
+    /// `oom_killed` brought up to date, or `None` when the table has no such
+    /// incarnation (deleted, or replaced by another generation). One call
+    /// for all of them: discover and a create's reuse ask for one, list and
+    /// `/metrics` for every admitted one.
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>>;
 
-    /// These incarnations as the backend has them now: `status` and
-    /// `oom_killed` brought up to date in place (discover and a create's
-    /// reuse: one record; list: every tracked one, answered together).
-    async fn get(&self, records: &mut [SandboxRecord]);
+    /// Whether this incarnation runs, for a proxied request (asked on every
+    /// one): from the backend's table, no record copied, no file read, no
+    /// network round trip where avoidable.
+    async fn running(&self, sandbox: &SandboxRef) -> bool;
 
     /// Every sandbox this backend manages right now (start-up adoption,
     /// quiesce). Must include sandboxes made by an earlier daemon process.
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError>;
 
     /// Opens a connection to the sandbox's HTTP server.
-    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError>;
+    async fn connect(&self, sandbox: &SandboxRef) -> Result<Upstream, BackendError>;
 
     /// The credential the proxy must add to every request to this
     /// incarnation's agent; `None` for backends whose agent is reachable by
     /// nothing but the daemon (native: the netns connector; memory).
     async fn agent_credential(
         &self,
-        _record: &SandboxRecord,
+        _sandbox: &SandboxRef,
     ) -> Result<Option<AgentCredential>, BackendError> {
         Ok(None)
     }
 
     /// A path prefix prepended to every proxied path ("" for real sandboxes).
-    fn path_prefix(&self, _record: &SandboxRecord) -> String {
+    fn path_prefix(&self, _sandbox: &SandboxRef) -> String {
         String::new()
     }
 
     /// True for a sandbox adopted read-only from another system (the
     /// Kubernetes backend's Pods of the replaced provisioner): a create of
     /// its id replaces it whatever identity it was recorded with.
-    fn rebindable(&self, _record: &SandboxRecord) -> bool {
+    fn rebindable(&self, _sandbox: &SandboxRef) -> bool {
         false
     }
 
@@ -223,5 +278,25 @@ pub trait Backend: Send + Sync + 'static {
     /// it reads memory only.
     fn egress(&self) -> Option<(&'static str, u64)> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{test_env, Config};
+
+    #[test]
+    fn backend_aliases() {
+        for (v, k) in [
+            ("docker", BackendKind::Native),
+            ("local", BackendKind::Native),
+            ("kubernetes", BackendKind::Kubernetes),
+        ] {
+            let c = Config::load(None, &test_env(&[("PROVISIONER_BACKEND", v)])).unwrap();
+            assert_eq!(c.backend, k);
+            assert_eq!(c.backend_alias.is_some(), v != "kubernetes");
+        }
+        assert!(Config::load(None, &test_env(&[("PROVISIONER_BACKEND", "podman")])).is_err());
     }
 }

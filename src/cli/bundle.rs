@@ -54,7 +54,7 @@ fn request(args: &BundleArgs) -> anyhow::Result<CreateRequest> {
         "uid": args.uid,
         "workdir_path": args.workdir_path,
         "inherit_env": !args.ephemeral,
-        "image": args.image.as_deref().map(sandbox_image::reference::normalize).transpose().map_err(anyhow::Error::msg)?,
+        "image": args.image.as_deref().map(crate::images::normalize).transpose().map_err(anyhow::Error::msg)?,
     }))?)
 }
 
@@ -72,8 +72,7 @@ fn write(args: &BundleArgs, cfg: &Config) -> anyhow::Result<PathBuf> {
         );
     }
     // No node env file: what it holds is the node's, not the bundle's.
-    let spec =
-        SandboxSpec::from_request(request(args)?, &Default::default(), &cfg.limits.resources())?;
+    let spec = SandboxSpec::from_request(request(args)?, &Default::default(), &cfg.limits)?;
     let bundler = Bundler::new(cfg, HostPaths::Untouched)?;
     // The userland a create would get: the create's image, else the
     // node's default image, else the host's.
@@ -179,12 +178,9 @@ mod tests {
             std::fs::remove_dir_all(&out).unwrap();
             // A create: the daemon's bundler (as NativeBackend::new makes
             // it), the lifecycle's spec, the function blocking_create calls.
-            let spec = SandboxSpec::from_request(
-                request(&a).unwrap(),
-                &Default::default(),
-                &cfg.limits.resources(),
-            )
-            .unwrap();
+            let spec =
+                SandboxSpec::from_request(request(&a).unwrap(), &Default::default(), &cfg.limits)
+                    .unwrap();
             Bundler::new(&cfg, HostPaths::Prepare)
                 .unwrap()
                 .write_bundle_to(&spec, &new_generation(), &out)

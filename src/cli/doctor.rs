@@ -7,7 +7,8 @@
 use std::path::Path;
 
 use crate::api::auth;
-use crate::config::{BackendKind, Config, ProcessEnv};
+use crate::backend::BackendKind;
+use crate::config::{Config, ProcessEnv};
 
 /// How much a failed check matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +138,7 @@ pub fn check(cfg: &Config) -> Vec<Finding> {
 /// that exist. Optional: without them sandboxes run as host uid 1000
 /// (`[userns] mode = "on"` makes the daemon itself refuse to start).
 fn userns(cfg: &Config) -> Finding {
-    use crate::config::UsernsMode;
+    use crate::backend::native::userns::UsernsMode;
     const NAME: &str = "user namespaces";
     if cfg.userns.mode == UsernsMode::Off {
         return Finding::ok(
@@ -171,7 +172,7 @@ fn userns(cfg: &Config) -> Finding {
             Need::Optional,
             format!(
                 "on ([userns] mode = \"{}\"): idmapped mounts work on the user-data and skills roots",
-                if cfg.userns.mode == UsernsMode::On { "on" } else { "auto" }
+                cfg.userns.mode
             ),
         ),
         Err(e) => Finding::bad(
@@ -222,7 +223,7 @@ fn image(cfg: &Config) -> Finding {
 /// With egress networking: the `nft` binary the daemon loads its table
 /// with, and IPv4 forwarding (the daemon turns it on at start).
 fn network(cfg: &Config) -> Finding {
-    if cfg.network.mode != crate::config::NetworkMode::Egress {
+    if cfg.network.mode != crate::model::NetworkMode::Egress {
         return Finding::ok(
             "network",
             Need::Required,

@@ -145,8 +145,7 @@ pub fn render(a: &RenderArgs, cfg: &Config) -> anyhow::Result<String> {
         bail!("--ephemeral and --workdir-path exclude each other");
     }
     let c = SpecConfig::from_config(cfg)?;
-    let spec =
-        SandboxSpec::from_request(request(a)?, &Default::default(), &cfg.limits.resources())?;
+    let spec = SandboxSpec::from_request(request(a)?, &Default::default(), &cfg.limits)?;
     let o = spec::build_objects(&spec, RENDER_POD_UID, RENDER_CREDENTIAL, &c);
     let mut docs = vec![
         serde_norway::to_string(&o.pod)?,

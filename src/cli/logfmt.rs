@@ -152,9 +152,8 @@ pub fn journald_layer() -> std::io::Result<tracing_journald::Layer> {
 
 /// Crates whose warnings are noise for an operator, held at `error`:
 /// libcgroups warns about every v1 controller a host lacks, on every cgroup
-/// it opens; netlink-packet-route about every attribute newer than it on
-/// every link dump (kernels newer than the crate).
-const QUIET: &[&str] = &["libcgroups", "netlink_packet_route"];
+/// it opens.
+const QUIET: &[&str] = &["libcgroups"];
 
 /// The `tracing` filter: `RUST_LOG` when set and non-empty (else `info`),
 /// with `<crate>=error` appended for each [`QUIET`] crate it does not name,
@@ -184,7 +183,7 @@ mod tests {
 
     #[test]
     fn filter_keeps_dependency_noise_out_unless_named() {
-        let quiet = ",libcgroups=error,netlink_packet_route=error";
+        let quiet = ",libcgroups=error";
         assert_eq!(filter_directives(None), format!("info{quiet}"));
         assert_eq!(filter_directives(Some("  ")), format!("info{quiet}"));
         assert_eq!(filter_directives(Some("warn")), format!("warn{quiet}"));
@@ -194,11 +193,11 @@ mod tests {
         );
         assert_eq!(
             filter_directives(Some("info,libcgroups=debug")),
-            "info,libcgroups=debug,netlink_packet_route=error"
+            "info,libcgroups=debug"
         );
         assert_eq!(
-            filter_directives(Some("netlink_packet_route::link[x]=trace")),
-            "netlink_packet_route::link[x]=trace,libcgroups=error"
+            filter_directives(Some("libcgroups::v1[x]=trace")),
+            "libcgroups::v1[x]=trace"
         );
         // A crate whose name only starts with a quiet one is not it.
         assert_eq!(
@@ -216,7 +215,7 @@ mod tests {
                 .with_ansi(false),
         );
         tracing::subscriber::with_default(sub, || {
-            tracing::warn!(target: "netlink_packet_route::link::buffer_tool", "noise");
+            tracing::warn!(target: "libcgroups::v1", "noise");
             tracing::error!(target: "libcgroups::v1", "kept");
             tracing::warn!(target: "sandboxd::api", "ours");
             tracing::info!(target: "sandboxd::api", "below warn");

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 pub mod bundle;
 pub mod config_cmd;
 pub mod doctor;
+#[cfg(feature = "images")]
 pub mod image;
 #[cfg(feature = "kube")]
 pub mod kube;
@@ -54,6 +55,7 @@ pub enum Command {
     Seccomp(seccomp::SeccompCmd),
     /// Native sandbox images: pull, import, ls, rm, gc (the store under
     /// <state_dir>/images; safe to run while the daemon serves).
+    #[cfg(feature = "images")]
     #[command(subcommand)]
     Image(image::ImageCmd),
     /// List the sandboxes of the local daemon (id, status, generation, workdir, oom).
@@ -170,6 +172,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Inspect(a) => ops::inspect(a),
         Command::Logs(a) => ops::logs(a),
         Command::Doctor(a) => doctor::run(a),
+        #[cfg(feature = "images")]
         Command::Image(cmd) => image::run(cmd),
         Command::Completions { shell } => {
             use clap::CommandFactory;

@@ -103,6 +103,7 @@ impl EnvSource for Layered {
 /// config file (`config`, else `SANDBOXD_CONFIG`, else the unit's when it
 /// exists), the environment over the env file (`env_file`, else the
 /// unit's), `state_dir` over both. Shared by the operator commands.
+#[cfg_attr(not(feature = "images"), allow(dead_code))]
 pub(crate) fn node_config(
     config: Option<&Path>,
     env_file: Option<&Path>,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, UnixListener};
 use tracing::{info, warn};
 
@@ -21,10 +22,40 @@ use crate::backend::kube::KubeBackend;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::native::NativeBackend;
 use crate::backend::Backend;
-use crate::config::{parse_dotenv, BackendKind, Config, LogFormat, ProcessEnv};
+use crate::backend::BackendKind;
+use crate::config::{parse_dotenv, Config, ProcessEnv};
 use crate::lifecycle::{Lifecycle, Settings};
 use crate::metrics::Metrics;
 use crate::systemd::{ActivatedListener, Notifier, NotifyState, SystemdEnv};
+
+/// The daemon's log format (`log_format`, `SANDBOXD_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// journald's native protocol when stderr is the journal stream systemd
+    /// connected it to (`JOURNAL_STREAM` names stderr's device and inode),
+    /// else JSON when stderr is not a terminal, text on a terminal.
+    Auto,
+    Text,
+    Json,
+    /// journald's native protocol (span and event fields become journal
+    /// fields: `SANDBOX_ID`, `GENERATION`), JSON on stderr when the journal
+    /// socket cannot be reached.
+    Journald,
+}
+
+impl LogFormat {
+    /// What `Auto` means for a process whose stderr is (not) a terminal and
+    /// is (not) the journal stream named by `JOURNAL_STREAM`.
+    pub fn resolve(self, stderr_is_tty: bool, stderr_is_journal: bool) -> LogFormat {
+        match self {
+            LogFormat::Auto if stderr_is_journal => LogFormat::Journald,
+            LogFormat::Auto if !stderr_is_tty => LogFormat::Json,
+            LogFormat::Auto => LogFormat::Text,
+            other => other,
+        }
+    }
+}
 
 /// Sets up `tracing` (text or JSON on stderr, or journald's native
 /// protocol; `RUST_LOG` filters). `auto`: journald when `JOURNAL_STREAM`
@@ -318,14 +349,14 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         idle_timeout: idle_timeout.map(Duration::from_secs),
         idle_check_interval: Duration::from_secs(cfg.idle_check_interval_seconds),
         global_env: global_env(&cfg)?,
-        limits: cfg.limits.clone(),
+        limits: cfg.limits,
         delete_grace: Duration::from_secs(cfg.delete_grace_seconds),
         stop_timeout: Duration::from_secs(cfg.stop_timeout_seconds),
         allowed_images: cfg
             .images
             .allowed
             .iter()
-            .map(|r| sandbox_image::reference::normalize(r).map_err(anyhow::Error::msg))
+            .map(|r| crate::images::normalize(r).map_err(anyhow::Error::msg))
             .collect::<anyhow::Result<_>>()
             .context("[images] allowed")?,
     };
@@ -435,4 +466,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the tokio runtime")?
         .block_on(run_async(cfg, sd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_log_format_is_journald_only_on_the_journal_stream() {
+        use LogFormat::*;
+        // (stderr is a tty, stderr is the journal stream) -> format
+        for (tty, journal, want) in [
+            (false, true, Journald),
+            (true, true, Journald),
+            (false, false, Json),
+            (true, false, Text),
+        ] {
+            assert_eq!(
+                Auto.resolve(tty, journal),
+                want,
+                "tty={tty} journal={journal}"
+            );
+        }
+        for f in [Text, Json, Journald] {
+            assert_eq!(f.resolve(false, true), f);
+            assert_eq!(f.resolve(true, false), f);
+        }
+    }
 }

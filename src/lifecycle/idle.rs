@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{info, warn, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
 use super::Lifecycle;
 
@@ -87,11 +87,13 @@ pub(super) fn spawn(lc: Arc<Lifecycle>) -> Option<tokio::task::JoinHandle<()>> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let idle: Vec<_> = lc
-                .observe()
+            let observed = lc.observe();
+            let checked = observed.len();
+            let idle: Vec<_> = observed
                 .into_iter()
                 .filter(|o| idle_for(o).is_some_and(|idle| idle > timeout))
                 .collect();
+            let idle_n = idle.len();
             for o in idle {
                 // The reap's lines (the delete's included) carry both fields.
                 let span = tracing::info_span!(
@@ -114,6 +116,8 @@ pub(super) fn spawn(lc: Arc<Lifecycle>) -> Option<tokio::task::JoinHandle<()>> {
                 .instrument(span)
                 .await;
             }
+            // What a test waits on to know a whole pass ran.
+            debug!(checked, idle = idle_n, "idle check done");
         }
     }))
 }

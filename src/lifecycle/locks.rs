@@ -180,8 +180,8 @@ impl Gate {
 struct Slot {
     op: Arc<AsyncMutex<()>>,
     gate: Gate,
-    /// Bumped on every change of the id's tracked record, so that a
-    /// connection that cached the record knows whether it still is the
+    /// Bumped on every change of the id's admitted incarnation, so that a
+    /// connection that cached it knows whether it still is the
     /// current one.
     version: AtomicU64,
     /// The cancellation wakers of the client connections that hold the
@@ -251,7 +251,7 @@ impl SlotHold {
         &self.id
     }
 
-    /// The version of the id's tracked record (see [`IdLocks::bump`]).
+    /// The version of the id's admitted incarnation (see [`IdLocks::bump`]).
     pub fn version(&self) -> u64 {
         self.slot().version.load(Ordering::Acquire)
     }
@@ -371,8 +371,8 @@ impl IdLocks {
         }
     }
 
-    /// Notes a change of `id`'s tracked record: a connection holding its
-    /// slot with an older version reads the record again. Nothing when
+    /// Notes a change of `id`'s admitted incarnation: a connection holding its
+    /// slot with an older version reads it again. Nothing when
     /// nobody holds the slot (nobody cached anything of it).
     pub fn bump(&self, id: &str) {
         if let Some(s) = lock(&self.slots).get(id) {
@@ -410,6 +410,14 @@ impl IdLocks {
     pub async fn exclusive(slot: &SlotRef<'_>, grace: Duration) -> Exclusive {
         let slot = slot.slot.as_ref().expect("slot present while referenced");
         slot.gate.close();
+        let inflight = slot.gate.inside();
+        if inflight > 0 {
+            tracing::info!(
+                inflight,
+                grace_ms = grace.as_millis() as u64,
+                "delete waits for in-flight proxy requests"
+            );
+        }
         let mut x = Exclusive {
             slot: slot.clone(),
             cancelled: 0,

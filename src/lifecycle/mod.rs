@@ -1,12 +1,13 @@
 //! The lifecycle layer: the semantics every backend shares.
 //!
 //! It keeps policy, not records: which incarnation of each id it admitted
-//! (the generation fence) and its activity, and enforces the identity
-//! check on create, generation-fenced deletes, per-id serialization of
-//! create/delete, operation pins for proxy requests, the idle reaper and
-//! the quiesce gate. The records themselves, status included, are the
-//! [`Backend`]'s: every status is read from it. It knows nothing about
-//! HTTP or about how a sandbox is made.
+//! (its id and generation, [`SandboxRef`]: the generation fence) and its
+//! activity, and enforces the identity check on create, generation-fenced
+//! deletes, per-id serialization of create/delete, operation pins for
+//! proxy requests, the idle reaper and the quiesce gate. The records
+//! themselves (identity, status, OOM flag) are the [`Backend`]'s: every one
+//! is read from it ([`Backend::status`]). It knows nothing about HTTP or
+//! about how a sandbox is made.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -15,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::StreamExt;
+use sandbox_abi::request::ResourceLimits;
 use tokio::sync::Notify;
 use tracing::{info, warn, Instrument};
 
-use crate::backend::{Backend, BackendError, Upstream};
-use crate::config::Limits;
+use crate::backend::{Backend, BackendError, SandboxRef, Upstream};
 use crate::metrics::Metrics;
 use crate::model::{
     validate_sandbox_id, CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus, ValidationError,
@@ -88,7 +89,7 @@ pub struct Settings {
     pub idle_check_interval: Duration,
     /// Node-global sandbox env (merged under the user env).
     pub global_env: BTreeMap<String, String>,
-    pub limits: Limits,
+    pub limits: ResourceLimits,
     /// How long a delete waits for in-flight proxy requests of its sandbox
     /// before it cancels them.
     pub delete_grace: Duration,
@@ -99,12 +100,11 @@ pub struct Settings {
 }
 
 /// One admitted incarnation (read and written with the table's lock held)
-/// and its activity. `record` is what the backend answered when the
-/// incarnation was made or adopted: its id, generation and identity (the
-/// fence and the identity check); its status is never read here, the
-/// backend is asked.
+/// and its activity. `sandbox` names the incarnation the backend answered
+/// when it was made or adopted (the generation fence); its record is the
+/// backend's, asked for whenever it is needed.
 struct Tracked {
-    record: Arc<SandboxRecord>,
+    sandbox: Arc<SandboxRef>,
     activity: Arc<Activity>,
     /// Its OOM kill was counted in the metrics (once per incarnation).
     oom_counted: AtomicBool,
@@ -124,11 +124,11 @@ pub struct Lifecycle {
     epoch: Instant,
 }
 
-/// A proxy request's hold on a sandbox: the record it was admitted for and
-/// the pin that keeps a delete waiting until it is dropped (or until the
-/// delete's grace runs out and it cancels the request).
+/// A proxy request's hold on a sandbox: the incarnation it was admitted
+/// for and the pin that keeps a delete waiting until it is dropped (or
+/// until the delete's grace runs out and it cancels the request).
 pub struct ProxyPin {
-    pub record: Arc<SandboxRecord>,
+    pub sandbox: Arc<SandboxRef>,
     guard: ProxyGuard,
     activity: Arc<Activity>,
     /// The lifecycle's epoch (activity times count from it).
@@ -140,14 +140,14 @@ pub struct ProxyPin {
 /// What a client connection keeps of the sandbox it last sent a proxied
 /// request to, so that its next request to the same incarnation is
 /// admitted ([`Lifecycle::pin_cached`]) without a lock shared by all
-/// requests: the hold on the id's lock slot and what was read of its
-/// record. Holding it keeps only the (small) slot alive; a delete of the
-/// sandbox neither waits for it nor misses it.
+/// requests: the hold on the id's lock slot and the incarnation admitted.
+/// Holding it keeps only the (small) slot alive; a delete of the sandbox
+/// neither waits for it nor misses it.
 pub struct PinCache {
     hold: Arc<locks::SlotHold>,
-    /// The slot's record version `record` was read at.
+    /// The slot's version `sandbox` was read at.
     version: u64,
-    record: Arc<SandboxRecord>,
+    sandbox: Arc<SandboxRef>,
     activity: Arc<Activity>,
     /// How the connection's requests learn of a cancellation.
     watch: Arc<locks::CancelWatch>,
@@ -216,7 +216,7 @@ impl Lifecycle {
     /// The normalized form of a create's `"image"`, when `[images]
     /// allowed` lists it.
     fn allowed_image(&self, image: &str) -> Result<String, LifecycleError> {
-        let norm = sandbox_image::reference::normalize(image)
+        let norm = crate::images::normalize(image)
             .map_err(|e| LifecycleError::ImageNotAllowed(e.to_string()))?;
         if self.settings.allowed_images.contains(&norm) {
             Ok(norm)
@@ -243,7 +243,7 @@ impl Lifecycle {
         self.tracked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn track(&self, record: SandboxRecord) {
+    fn track(&self, record: &SandboxRecord) {
         let now = self.now_ms();
         let mut table = self.table();
         // Under the table's lock: a cached admission of the id's previous
@@ -252,7 +252,7 @@ impl Lifecycle {
         table.insert(
             record.sandbox_id.clone(),
             Tracked {
-                record: Arc::new(record),
+                sandbox: Arc::new(SandboxRef::of(record)),
                 activity: Arc::new(Activity::new(now)),
                 oom_counted: AtomicBool::new(false),
             },
@@ -267,10 +267,24 @@ impl Lifecycle {
         }
     }
 
-    fn get(&self, id: &str) -> Option<SandboxRecord> {
-        self.table()
-            .get(id)
-            .map(|t| SandboxRecord::clone(&t.record))
+    /// The admitted incarnation of `id`, if any.
+    fn admitted(&self, id: &str) -> Option<SandboxRef> {
+        self.table().get(id).map(|t| SandboxRef::clone(&t.sandbox))
+    }
+
+    /// `sandbox` as the backend has it now, for an answer (status and OOM
+    /// flag up to date, kills counted); `None` when the backend has no
+    /// such incarnation.
+    async fn read(&self, sandbox: SandboxRef) -> Option<SandboxRecord> {
+        let [r] = self.read_all(&[sandbox]).await.try_into().ok()?;
+        r
+    }
+
+    /// [`read`](Self::read) of several, in one backend call.
+    async fn read_all(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
+        let records = self.backend.status(sandboxes).await;
+        self.count_oom_kills(records.iter().flatten());
+        records
     }
 
     /// Marks activity of `id`; returns false when it is not tracked.
@@ -285,9 +299,9 @@ impl Lifecycle {
         }
     }
 
-    /// The tracked record of `id`, if any (no activity, no backend call).
-    pub fn record(&self, id: &str) -> Option<SandboxRecord> {
-        self.get(id)
+    /// Whether `id` is admitted (no activity, no backend call).
+    pub fn is_tracked(&self, id: &str) -> bool {
+        self.table().contains_key(id)
     }
 
     /// Marks activity of `id` only if it is still at `generation` (the end
@@ -295,7 +309,7 @@ impl Lifecycle {
     pub fn touch_generation(&self, id: &str, generation: &str) {
         let now = self.now_ms();
         if let Some(t) = self.table().get(id) {
-            if t.record.generation == generation {
+            if t.sandbox.generation == generation {
                 t.activity.touch(now);
             }
         }
@@ -341,7 +355,7 @@ impl Lifecycle {
     pub async fn adopt_existing(&self) -> Result<usize, BackendError> {
         let found = self.backend.list().await?;
         let n = found.len();
-        for record in found {
+        for record in &found {
             info!(sandbox_id = %record.sandbox_id, generation = %record.generation, "adopted sandbox");
             self.track(record);
         }
@@ -353,11 +367,8 @@ impl Lifecycle {
         if let Some(image) = req.image.take() {
             req.image = Some(self.allowed_image(&image)?);
         }
-        let spec = SandboxSpec::from_request(
-            req,
-            &self.settings.global_env,
-            &self.settings.limits.resources(),
-        )?;
+        let spec =
+            SandboxSpec::from_request(req, &self.settings.global_env, &self.settings.limits)?;
         let id = spec.sandbox_id.clone();
         // `generation` is recorded once known (reuse, or by the backend as
         // soon as it makes one), so nested lines carry it too.
@@ -370,27 +381,26 @@ impl Lifecycle {
             let (slot, _op) = self.locks.operation(&id).await;
             // Past this point quiesce waits for this create to finish.
             let _in_flight = self.enter_create()?;
-            if let Some(existing) = self.get(&id) {
-                if existing.identity != spec.identity && !self.backend.rebindable(&existing) {
-                    return Err(LifecycleError::IdentityMismatch(id.clone()));
-                }
+            if let Some(admitted) = self.admitted(&id) {
                 // The record as the backend has it now (its OOM flag too:
-                // the answer shows it).
-                let mut fresh = [existing];
-                self.backend.get(&mut fresh).await;
-                self.count_oom_kills(&fresh);
-                let [existing] = fresh;
-                let status = existing.status;
-                if status == SandboxStatus::Running {
+                // the answer shows it); one it no longer has is stale.
+                let existing = self.read(admitted.clone()).await;
+                if let Some(existing) = &existing {
+                    if existing.identity != spec.identity && !self.backend.rebindable(&admitted) {
+                        return Err(LifecycleError::IdentityMismatch(id.clone()));
+                    }
+                }
+                let status = existing.as_ref().map_or(SandboxStatus::Exited, |r| r.status);
+                if let Some(existing) = existing.filter(|_| status == SandboxStatus::Running) {
                     tracing::Span::current().record("generation", existing.generation.as_str());
                     self.touch(&id);
                     info!(generation = %existing.generation, "reusing running sandbox");
                     return Ok(existing);
                 }
-                warn!(generation = %existing.generation, status = status.as_str(),
+                warn!(generation = %admitted.generation, status = status.as_str(),
                       "replacing stale sandbox");
                 let _excl = self.exclusive(&slot).await;
-                match self.backend.delete(&id, &existing.generation).await {
+                match self.backend.delete(&id, &admitted.generation).await {
                     Ok(()) => {}
                     // The incarnation we tracked was already replaced
                     // behind our back (another replica, an operator): it
@@ -414,7 +424,7 @@ impl Lifecycle {
                 .observe(started.elapsed().as_secs_f64());
             info!(generation = %record.generation, elapsed_ms = started.elapsed().as_millis() as u64,
                   "sandbox created");
-            self.track(record.clone());
+            self.track(&record);
             Ok(record)
         }
         .instrument(span)
@@ -428,32 +438,27 @@ impl Lifecycle {
     /// `list` still shows it.
     pub async fn discover(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
         validate_sandbox_id(id)?;
-        let record = self.get(id).ok_or(LifecycleError::NotFound)?;
-        let mut fresh = [record];
-        self.backend.get(&mut fresh).await;
-        self.count_oom_kills(&fresh);
-        let [fresh] = fresh;
-        if fresh.status != SandboxStatus::Running {
-            return Err(LifecycleError::NotFound);
-        }
+        let admitted = self.admitted(id).ok_or(LifecycleError::NotFound)?;
+        let fresh = self
+            .read(admitted)
+            .await
+            .filter(|r| r.status == SandboxStatus::Running)
+            .ok_or(LifecycleError::NotFound)?;
         self.touch_generation(id, &fresh.generation);
         Ok(fresh)
     }
 
     /// Counts in the metrics each OOM kill the backend reported of a
     /// tracked incarnation, once.
-    fn count_oom_kills(&self, records: &[SandboxRecord]) {
-        let mut killed = records
-            .iter()
-            .filter(|r| r.oom_killed == Some(true))
-            .peekable();
+    fn count_oom_kills<'a>(&self, records: impl Iterator<Item = &'a SandboxRecord>) {
+        let mut killed = records.filter(|r| r.oom_killed == Some(true)).peekable();
         if killed.peek().is_none() {
             return;
         }
         let table = self.table();
         for r in killed {
             if let Some(t) = table.get(&r.sandbox_id) {
-                if t.record.generation == r.generation
+                if t.sandbox.generation == r.generation
                     && !t.oom_counted.swap(true, Ordering::SeqCst)
                 {
                     self.metrics.oom_kills.inc();
@@ -463,15 +468,20 @@ impl Lifecycle {
     }
 
     /// Every tracked sandbox as the backend has it now (one backend call
-    /// for all of them, [`Backend::get`]), sorted by id.
+    /// for all of them, [`Backend::status`]), sorted by id; one the backend
+    /// no longer has (deleted meanwhile) is left out.
     pub async fn list(&self) -> Vec<SandboxRecord> {
-        let mut out: Vec<SandboxRecord> = self
+        let admitted: Vec<SandboxRef> = self
             .table()
             .values()
-            .map(|t| SandboxRecord::clone(&t.record))
+            .map(|t| SandboxRef::clone(&t.sandbox))
             .collect();
-        self.backend.get(&mut out).await;
-        self.count_oom_kills(&out);
+        let mut out: Vec<SandboxRecord> = self
+            .read_all(&admitted)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
         out.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
         out
     }
@@ -515,21 +525,21 @@ impl Lifecycle {
         async {
             let started = Instant::now();
             let (slot, _op) = self.locks.operation(id).await;
-            let check = |lc: &Self| -> Result<Option<SandboxRecord>, LifecycleError> {
+            let check = |lc: &Self| -> Result<Option<SandboxRef>, LifecycleError> {
                 let table = lc.table();
                 let Some(t) = table.get(id) else {
                     return Ok(None);
                 };
                 if let Some(expected) = expected_generation {
-                    if t.record.generation != expected {
+                    if t.sandbox.generation != expected {
                         return Err(LifecycleError::GenerationMismatch {
                             id: id.to_string(),
-                            live: t.record.generation.clone(),
+                            live: t.sandbox.generation.clone(),
                             expected: expected.to_string(),
                         });
                     }
                 }
-                Ok(Some(SandboxRecord::clone(&t.record)))
+                Ok(Some(SandboxRef::clone(&t.sandbox)))
             };
             let Some(seen) = check(self)? else {
                 return Ok(false);
@@ -590,7 +600,7 @@ impl Lifecycle {
                     let Some(current) = current else {
                         return Ok(false);
                     };
-                    self.track(current.clone());
+                    self.track(&current);
                     if let Some(expected) = expected_generation {
                         if current.generation != expected {
                             return Err(LifecycleError::GenerationMismatch {
@@ -639,10 +649,11 @@ impl Lifecycle {
     }
 
     /// [`pin`](Self::pin) for a client connection that keeps `cache`
-    /// between its requests: while the cache holds `id` and its record has
-    /// not changed since, the request is admitted with one atomic step on
-    /// the id's own slot (no lock shared by all requests); otherwise the
-    /// record is read from the table and the cache refilled. A request that
+    /// between its requests: while the cache holds `id` and its admitted
+    /// incarnation has not changed since, the request is admitted with one
+    /// atomic step on the id's own slot (no lock shared by all requests);
+    /// otherwise the incarnation is read from the table and the cache
+    /// refilled. A request that
     /// is refused (absent, not running) empties it.
     pub async fn pin_cached(
         &self,
@@ -656,7 +667,7 @@ impl Lifecycle {
                 // the new version it made.
                 if c.hold.version() == c.version {
                     let pin = ProxyPin {
-                        record: c.record.clone(),
+                        sandbox: c.sandbox.clone(),
                         guard,
                         activity: c.activity.clone(),
                         epoch: self.epoch,
@@ -676,11 +687,11 @@ impl Lifecycle {
             }
         };
         loop {
-            // The version before the record: a change after this read is
+            // The version before the incarnation: a change after this read is
             // seen below.
             let version = hold.version();
-            let (record, activity) = match self.table().get(id) {
-                Some(t) => (t.record.clone(), t.activity.clone()),
+            let (sandbox, activity) = match self.table().get(id) {
+                Some(t) => (t.sandbox.clone(), t.activity.clone()),
                 None => return Err(LifecycleError::NotFound),
             };
             let guard = hold.pin(&watch).await;
@@ -691,12 +702,12 @@ impl Lifecycle {
             *cache = Some(PinCache {
                 hold: hold.clone(),
                 version,
-                record: record.clone(),
+                sandbox: sandbox.clone(),
                 activity: activity.clone(),
                 watch: watch.clone(),
             });
             let pin = ProxyPin {
-                record,
+                sandbox,
                 guard,
                 activity,
                 epoch: self.epoch,
@@ -712,7 +723,7 @@ impl Lifecycle {
         mut pin: ProxyPin,
         cache: &mut Option<PinCache>,
     ) -> Result<ProxyPin, LifecycleError> {
-        if self.backend.status(&pin.record).await != SandboxStatus::Running {
+        if !self.backend.running(&pin.sandbox).await {
             *cache = None;
             return Err(LifecycleError::NotFound);
         }
@@ -724,11 +735,11 @@ impl Lifecycle {
     /// Opens a connection to the sandbox `id` at `generation` (the proxy's
     /// connector). Refuses when that incarnation is no longer tracked.
     pub async fn connect(&self, id: &str, generation: &str) -> Result<Upstream, BackendError> {
-        let record = self
-            .get(id)
-            .filter(|r| r.generation == generation)
+        let sandbox = self
+            .admitted(id)
+            .filter(|s| s.generation == generation)
             .ok_or_else(|| BackendError::Unreachable(format!("sandbox {id} is gone").into()))?;
-        self.backend.connect(&record).await
+        self.backend.connect(&sandbox).await
     }
 
     /// Closes the create gate, waits for the creates already past it,
@@ -750,14 +761,14 @@ impl Lifecycle {
                 let mut targets: Vec<(String, String)> = self
                     .table()
                     .values()
-                    .map(|t| (t.record.sandbox_id.clone(), t.record.generation.clone()))
+                    .map(|t| (t.sandbox.sandbox_id.clone(), t.sandbox.generation.clone()))
                     .collect();
                 // Anything the backend has that we do not track (made behind
                 // our back, or adopted late) goes too.
                 let listed = self.backend.list().await?;
                 for r in &listed {
                     if !targets.iter().any(|(id, _)| id == &r.sandbox_id) {
-                        self.track(r.clone());
+                        self.track(r);
                         targets.push((r.sandbox_id.clone(), r.generation.clone()));
                     }
                 }
@@ -804,7 +815,7 @@ impl Lifecycle {
         let ids: Vec<(String, String)> = self
             .table()
             .values()
-            .map(|t| (t.record.sandbox_id.clone(), t.record.generation.clone()))
+            .map(|t| (t.sandbox.sandbox_id.clone(), t.sandbox.generation.clone()))
             .collect();
         let total = ids.len();
         let deleted = AtomicUsize::new(0);
@@ -839,13 +850,13 @@ impl Lifecycle {
         self.table()
             .values()
             .map(|t| Observation {
-                id: t.record.sandbox_id.clone(),
-                generation: t.record.generation.clone(),
+                id: t.sandbox.sandbox_id.clone(),
+                generation: t.sandbox.generation.clone(),
                 touches: t.activity.touches(),
                 since_active: Duration::from_millis(
                     now.saturating_sub(t.activity.last_active_ms()),
                 ),
-                inflight: self.locks.inflight(&t.record.sandbox_id),
+                inflight: self.locks.inflight(&t.sandbox.sandbox_id),
             })
             .collect()
     }

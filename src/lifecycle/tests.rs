@@ -15,19 +15,22 @@ fn settings(idle: Option<Duration>) -> Settings {
         idle_timeout: idle,
         idle_check_interval: Duration::from_millis(50),
         global_env: BTreeMap::new(),
-        limits: Limits::default(),
+        limits: ResourceLimits::default(),
         delete_grace: Duration::from_secs(10),
         stop_timeout: Duration::from_secs(10),
     }
 }
 
 fn lc(delay_ms: u64, idle: Option<Duration>) -> Arc<Lifecycle> {
+    lc_and_backend(delay_ms, idle).0
+}
+
+/// A lifecycle over a memory backend, and that backend.
+fn lc_and_backend(delay_ms: u64, idle: Option<Duration>) -> (Arc<Lifecycle>, Arc<MemoryBackend>) {
     let b = MemoryBackend::new("http://127.0.0.1:9", Duration::from_millis(delay_ms)).unwrap();
-    Arc::new(Lifecycle::new(
-        Arc::new(b),
-        settings(idle),
-        Arc::new(Metrics::new()),
-    ))
+    let b = Arc::new(b);
+    let lc = Lifecycle::new(b.clone(), settings(idle), Arc::new(Metrics::new()));
+    (Arc::new(lc), b)
 }
 
 fn req(id: &str, thread: &str) -> CreateRequest {
@@ -50,11 +53,11 @@ async fn reuse_keeps_generation_and_mismatch_is_refused() {
 
 #[tokio::test]
 async fn stale_incarnation_is_absent_listed_and_replaced() {
-    let lc = lc(0, None);
+    let (lc, backend) = lc_and_backend(0, None);
     let a = lc.create(req("s1", "t1")).await.unwrap();
-    // The backend loses it (process died): discover and the proxy say it
-    // is absent (and that is no activity); the list still shows it ...
-    lc.backend().delete("s1", &a.generation).await.unwrap();
+    // Its process died: discover and the proxy say it is absent (and that
+    // is no activity); the list still shows it ...
+    assert!(backend.exit("s1"));
     let touches = lc.observe().pop().unwrap().touches;
     assert!(matches!(
         lc.discover("s1").await,
@@ -72,7 +75,7 @@ async fn stale_incarnation_is_absent_listed_and_replaced() {
     assert_eq!(b.status, SandboxStatus::Running);
     assert_eq!(lc.discover("s1").await.unwrap().generation, b.generation);
     // An explicit delete of an exited sandbox still succeeds.
-    lc.backend().delete("s1", &b.generation).await.unwrap();
+    assert!(backend.exit("s1"));
     assert!(lc.delete("s1", Some(&b.generation)).await.unwrap());
     assert!(lc.list().await.is_empty());
 }
@@ -360,18 +363,23 @@ impl crate::backend::Backend for ReplacedBehindOurBack {
     async fn list(&self) -> Result<Vec<SandboxRecord>, BackendError> {
         self.inner.list().await
     }
-    async fn status(&self, _r: &SandboxRecord) -> SandboxStatus {
-        SandboxStatus::Exited
+    async fn running(&self, _sandbox: &crate::backend::SandboxRef) -> bool {
+        false
     }
-    async fn get(&self, records: &mut [SandboxRecord]) {
-        for r in records {
+    async fn status(&self, sandboxes: &[crate::backend::SandboxRef]) -> Vec<Option<SandboxRecord>> {
+        let mut records = self.inner.status(sandboxes).await;
+        for r in records.iter_mut().flatten() {
             r.status = SandboxStatus::Exited;
         }
+        records
     }
     async fn delete(&self, _id: &str, _g: &str) -> Result<(), BackendError> {
         Err(BackendError::Conflict("replaced".into()))
     }
-    async fn connect(&self, r: &SandboxRecord) -> Result<crate::backend::Upstream, BackendError> {
+    async fn connect(
+        &self,
+        r: &crate::backend::SandboxRef,
+    ) -> Result<crate::backend::Upstream, BackendError> {
         self.inner.connect(r).await
     }
 }
@@ -409,12 +417,12 @@ async fn a_cached_pin_follows_the_incarnation() {
     let a = lc.create(req("s1", "t1")).await.unwrap();
     let mut cache = None;
     let p = lc.pin_cached("s1", &mut cache).await.unwrap();
-    assert_eq!(p.record.generation, a.generation);
+    assert_eq!(p.sandbox.generation, a.generation);
     drop(p);
     // From the cache: the same incarnation, activity marked as before.
     let touches = lc.observe().pop().unwrap().touches;
     let p = lc.pin_cached("s1", &mut cache).await.unwrap();
-    assert_eq!(p.record.generation, a.generation);
+    assert_eq!(p.sandbox.generation, a.generation);
     assert_eq!(lc.observe().pop().unwrap().touches, touches + 1);
     assert_eq!(lc.observe().pop().unwrap().inflight, 1);
     drop(p);
@@ -425,7 +433,7 @@ async fn a_cached_pin_follows_the_incarnation() {
     let b = lc.create(req("s1", "t1")).await.unwrap();
     assert_ne!(a.generation, b.generation);
     let p = lc.pin_cached("s1", &mut cache).await.unwrap();
-    assert_eq!(p.record.generation, b.generation);
+    assert_eq!(p.sandbox.generation, b.generation);
     drop(p);
     // Deleted: absent, and the cache is emptied.
     assert!(lc.delete("s1", None).await.unwrap());
@@ -440,7 +448,7 @@ async fn a_cached_pin_follows_the_incarnation() {
     let p = lc.pin_cached("s1", &mut cache).await.unwrap();
     drop(p);
     let p = lc.pin_cached("s2", &mut cache).await.unwrap();
-    assert_eq!(p.record.sandbox_id, "s2");
+    assert_eq!(p.sandbox.sandbox_id, "s2");
     drop(p);
     // The cache keeps its slot (only that); dropping it lets it go.
     assert_eq!(lc.live_lock_slots(), 1);
@@ -450,12 +458,12 @@ async fn a_cached_pin_follows_the_incarnation() {
 
 #[tokio::test]
 async fn a_cached_pin_of_a_sandbox_that_exited_is_absent() {
-    let lc = lc(0, None);
-    let a = lc.create(req("s1", "t1")).await.unwrap();
+    let (lc, backend) = lc_and_backend(0, None);
+    lc.create(req("s1", "t1")).await.unwrap();
     let mut cache = None;
     drop(lc.pin_cached("s1", &mut cache).await.unwrap());
     // The process died: the backend says so at once, no activity counts.
-    lc.backend().delete("s1", &a.generation).await.unwrap();
+    assert!(backend.exit("s1"));
     let touches = lc.observe().pop().unwrap().touches;
     assert!(matches!(
         lc.pin_cached("s1", &mut cache).await,

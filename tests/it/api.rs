@@ -694,7 +694,7 @@ async fn upstream_connections_are_kept_alive() {
 #[tokio::test]
 async fn upstream_connections_outlive_client_connections() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (d, _) = daemon_with_upstream(&[]).await;
+    let (d, _) = daemon_with_upstream(&[("RUST_LOG", common::BARRIER_LOG)]).await;
     let once = |addr: std::net::SocketAddr| async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         let req = format!(
@@ -716,11 +716,15 @@ async fn upstream_connections_outlive_client_connections() {
     d.json("POST", "/api/sandboxes", Some(create_body("kc", "t", "u")))
         .await;
     let mut peers = std::collections::HashSet::new();
-    for _ in 0..4 {
+    for i in 1..=4 {
         peers.insert(once(d.addr).await);
         // The closed connection's task parks its upstream connection as it
         // ends, just after the client saw the end of the response.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            d.until_log(common::PARKED, i, Duration::from_secs(10))
+                .await,
+            "client connection {i} parked no upstream connection"
+        );
     }
     assert_eq!(
         peers.len(),

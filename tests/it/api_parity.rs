@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{create_body, full, upstream, Daemon, TOKEN};
+use common::{create_body, full, upstream, Daemon, BARRIER_LOG, DELETE_WAITS, IDLE_CHECK, TOKEN};
 use http_body_util::BodyExt;
 use serde_json::json;
 
@@ -47,7 +47,12 @@ async fn quiesce_waits_for_a_create_in_flight() {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Past the quiesce gate: held in the backend.
+    assert!(
+        d.until_log("create held for its delay", 1, Duration::from_secs(10))
+            .await,
+        "the create never reached the backend"
+    );
     let (s, v) = d
         .json("POST", "/api/sandboxes/quiesce?timeout_seconds=30", None)
         .await;
@@ -74,6 +79,7 @@ async fn a_long_response_counts_as_activity_when_it_ends() {
         ("SANDBOX_IDLE_TIMEOUT_SECONDS", "2"),
         ("SANDBOX_EXEC_TIMEOUT_SECONDS", "1"),
         ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", "1"),
+        ("RUST_LOG", BARRIER_LOG),
     ])
     .await;
     let (s, _) = d
@@ -89,7 +95,16 @@ async fn a_long_response_counts_as_activity_when_it_ends() {
     assert_eq!(resp.status(), 200);
     let text = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(String::from_utf8_lossy(&text).lines().count(), 9);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // One more pass of the reaper (a pass takes microseconds: it began
+    // after the response ended, within a check interval, so well inside
+    // the idle timeout of the end), which finds the sandbox idle since its
+    // admission 4 s ago unless the end counted as activity.
+    let passes = d.log_count(IDLE_CHECK);
+    assert!(
+        d.until_log(IDLE_CHECK, passes + 1, Duration::from_secs(10))
+            .await,
+        "the reaper did not run"
+    );
     let (s, v) = d.json("GET", "/api/sandboxes/long", None).await;
     assert_eq!(s, 200, "reaped right after its response ended: {v}");
 }
@@ -222,7 +237,10 @@ async fn delete_cancels_stuck_streams_after_the_grace() {
     let del = tokio::spawn(async move { d2.json("DELETE", "/api/sandboxes/stuck", None).await });
     // While that delete waits, another sandbox is served: its answer comes
     // before the delete's (which waits for the streams, then the grace).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        d.until_log(DELETE_WAITS, 1, Duration::from_secs(10)).await,
+        "the delete did not wait for the streams"
+    );
     let (s, _) = d.json("GET", "/api/sandboxes/other/proxy/echo", None).await;
     assert_eq!(s, 200);
     assert!(

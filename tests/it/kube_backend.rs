@@ -94,6 +94,26 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// How many requests the daemon sent the fake API server that `call`
+/// matches (`"METHOD path?query"`).
+fn calls(c: &Cluster, call: &impl Fn(&str) -> bool) -> usize {
+    c.fake.requests().iter().filter(|r| call(r)).count()
+}
+
+/// Waits until the daemon sent `more` requests that `call` matches beyond
+/// the `from` counted before: it went round the loop that sends them (a
+/// readiness poll, a create retried behind a terminating Pod, quiesce's
+/// listing) that many times, each time finding what the test holds it to.
+async fn wait_for_calls(
+    c: &Cluster,
+    what: &str,
+    from: usize,
+    more: usize,
+    call: impl Fn(&str) -> bool,
+) {
+    wait_for(what, || calls(c, &call) >= from + more).await;
+}
+
 fn uid_of(pod: &Value) -> String {
     pod["metadata"]["uid"].as_str().unwrap().to_string()
 }
@@ -216,7 +236,10 @@ async fn create_waits_for_readiness_and_ephemeral_has_no_pvc() {
         }
     });
     wait_for("the pod", || c.fake.pod(&name).is_some()).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The create read the Pod not ready, and read it again: it waits.
+    let get_pod = |r: &str| r.starts_with("GET ") && r.contains(&format!("/pods/{name}?"));
+    let seen = calls(&c, &get_pod);
+    wait_for_calls(&c, "two readiness polls", seen, 2, get_pod).await;
     assert!(
         !client.is_finished(),
         "create returned before the pod was ready"
@@ -537,12 +560,15 @@ async fn recreate_waits_for_a_terminating_pod_and_quiesce_for_it_to_go() {
     let (s, _) = d.json("DELETE", "/api/sandboxes/t1", None).await;
     assert_eq!(s, 200);
     assert!(c.fake.pod(&name).unwrap()["metadata"]["deletionTimestamp"].is_string());
-    // A new create of the same id waits for the old Pod to go.
+    // A new create of the same id waits for the old Pod to go: it meets
+    // the terminating Pod (409), and tries again.
+    let post_pod = |r: &str| r.starts_with("POST ") && r.contains("/pods?");
+    let posted = calls(&c, &post_pod);
     let client = tokio::spawn({
         let url = d.url("/api/sandboxes");
         async move { post(&url, create_body("t1", "t", "u")).await }
     });
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    wait_for_calls(&c, "the create to try twice", posted, 2, post_pod).await;
     assert!(
         !client.is_finished(),
         "create did not wait for the terminating pod"
@@ -553,6 +579,7 @@ async fn recreate_waits_for_a_terminating_pod_and_quiesce_for_it_to_go() {
     assert_ne!(b["generation"], a["generation"]);
 
     // Quiesce answers only once the backend lists no Pod at all.
+    let list_pods = |r: &str| r.starts_with("GET ") && r.contains("/pods?");
     let quiesce = tokio::spawn({
         let url = d.url("/api/sandboxes/quiesce?timeout_seconds=30");
         async move { post(&url, json!({})).await }
@@ -563,7 +590,9 @@ async fn recreate_waits_for_a_terminating_pod_and_quiesce_for_it_to_go() {
             .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Quiesce listed the terminating Pod, and listed again: it waits.
+    let listed = calls(&c, &list_pods);
+    wait_for_calls(&c, "two more listings", listed, 2, list_pods).await;
     assert!(
         !quiesce.is_finished(),
         "quiesce returned with a pod still terminating"

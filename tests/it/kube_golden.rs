@@ -42,12 +42,7 @@ fn config() -> Config {
 fn spec_of(body: serde_json::Value) -> SandboxSpec {
     let cfg = config();
     let global = BTreeMap::from([("NODE_GLOBAL".to_string(), "g".to_string())]);
-    SandboxSpec::from_request(
-        serde_json::from_value(body).unwrap(),
-        &global,
-        &cfg.limits.resources(),
-    )
-    .unwrap()
+    SandboxSpec::from_request(serde_json::from_value(body).unwrap(), &global, &cfg.limits).unwrap()
 }
 
 fn persistent() -> SandboxSpec {
@@ -559,15 +554,15 @@ fn deployment_manifests_deserialize_strictly_and_fit_together() {
     };
     assert_eq!(
         env("SANDBOX_IMAGE").as_deref(),
-        Some(sandboxd::config::DEFAULT_SANDBOX_IMAGE)
+        Some(sandboxd::backend::kube_config::DEFAULT_SANDBOX_IMAGE)
     );
     assert_eq!(
         env("SANDBOXD_IMAGE").as_deref(),
-        Some(sandboxd::config::DEFAULT_AGENT_IMAGE)
+        Some(sandboxd::backend::kube_config::DEFAULT_AGENT_IMAGE)
     );
     assert_eq!(
         c.image.as_deref(),
-        Some(sandboxd::config::DEFAULT_AGENT_IMAGE)
+        Some(sandboxd::backend::kube_config::DEFAULT_AGENT_IMAGE)
     );
     // The Role grants exactly what the code calls.
     let role: Role = serde_json::from_value(find("Role", "sandboxd")).unwrap();

@@ -36,6 +36,7 @@ mod cgroups_real;
 mod daemon_config;
 mod deps;
 mod fuzz_api;
+#[cfg(feature = "images")]
 mod images;
 #[cfg(feature = "kube")]
 mod kube_backend;

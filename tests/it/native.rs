@@ -82,7 +82,7 @@ async fn workdir_files_survive_delete_and_tmp_is_fresh() {
     let host = std::fs::read(dirs.workspace("u1").join("w/blob.bin")).unwrap();
     assert_eq!(host.len(), 100_000);
     use sha2::Digest;
-    let host_sum = format!("{:x}", sha2::Sha256::digest(&host));
+    let host_sum = common::hex(&sha2::Sha256::digest(&host));
     assert!(
         inside_sum.starts_with(&host_sum),
         "{inside_sum} vs {host_sum}"

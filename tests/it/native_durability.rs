@@ -487,7 +487,25 @@ async fn a_recycled_pid_is_neither_adopted_nor_touched() {
                 && l.contains("alive=false")),
         "the planted record was not read as a running sandbox"
     );
-    std::thread::sleep(Duration::from_millis(200));
+    // Reconciliation ran before the API answered: a signal sent to it
+    // then is pending now, or has ended it.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let pending = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    assert!(
+        !field("State:").starts_with(['Z', 'X'])
+            && pending("SigPnd:") & sigkill == 0
+            && pending("ShdPnd:") & sigkill == 0,
+        "the unrelated process was killed:\n{status}"
+    );
     assert!(
         sleeper.try_wait().unwrap().is_none(),
         "the unrelated process was killed"

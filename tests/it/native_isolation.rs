@@ -438,8 +438,8 @@ async fn a_sandbox_spamming_its_output_cannot_fill_the_disk() {
     let (_, code) = d
         .exec(
             "spam",
-            "nohup bash -c 'end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do kill -TERM 1; done' \
-             >/dev/null 2>&1 & echo started",
+            "nohup bash -c 'end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do kill -TERM 1; done; \
+             touch /tmp/spam-over' >/dev/null 2>&1 & echo started",
         )
         .await;
     assert_eq!(code, 0);
@@ -452,7 +452,16 @@ async fn a_sandbox_spamming_its_output_cannot_fill_the_disk() {
         assert_eq!(s, 200);
         requests += 1;
     }
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The spam is over (its loop said so) before the state dir is measured.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (out, _) = d.exec("spam", "test -e /tmp/spam-over && echo over").await;
+        if out == "over\n" {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "the spam loop never ended");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let grown = tree_bytes(d.state_dir.path()).saturating_sub(before);
     eprintln!("state dir grew {grown} bytes over 10 s ({requests} requests)");
     assert!(grown < 1 << 20, "the state dir grew {grown} bytes");

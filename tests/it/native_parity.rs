@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{full, privileged, Daemon, NativeDirs, TOKEN};
+use common::{full, privileged, Daemon, NativeDirs, BARRIER_LOG, DELETE_WAITS, IDLE_CHECK, TOKEN};
 use http_body_util::BodyExt;
 use serde_json::json;
 
@@ -196,7 +196,19 @@ async fn quiesce_waits_for_a_create_held_at_a_failpoint() {
         d3.json("POST", "/api/sandboxes/quiesce?timeout_seconds=60", None)
             .await
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Quiesce closed the gate and counted the paused create: it waits for
+    // it (the answer below counts it as deleted only if it did).
+    let end = Instant::now() + Duration::from_secs(30);
+    while !d
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("quiescing: create gate closed") && l.contains("creates_in_flight=1"))
+    {
+        assert!(Instant::now() < end, "quiesce never closed the gate");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
         !quiesce.is_finished(),
         "quiesce answered while a create was in flight: {:?}",
@@ -232,6 +244,7 @@ async fn a_download_longer_than_the_idle_timeout_keeps_the_sandbox() {
             ("SANDBOX_IDLE_TIMEOUT_SECONDS", "2"),
             ("SANDBOX_EXEC_TIMEOUT_SECONDS", "1"),
             ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", "1"),
+            ("RUST_LOG", BARRIER_LOG),
         ],
     );
     create(&d, ephemeral("dl")).await;
@@ -260,7 +273,16 @@ async fn a_download_longer_than_the_idle_timeout_keeps_the_sandbox() {
     }
     assert_eq!(got, 64 << 20);
     assert!(started.elapsed() > Duration::from_secs(3));
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // One more pass of the reaper (a pass takes microseconds: it began
+    // after the download ended, within a check interval, so well inside
+    // the idle timeout of the end), which finds the sandbox idle since its
+    // admission 4 s ago unless the end counted as activity.
+    let passes = d.log_count(IDLE_CHECK);
+    assert!(
+        d.until_log(IDLE_CHECK, passes + 1, Duration::from_secs(10))
+            .await,
+        "the reaper did not run"
+    );
     let (s, v) = d.json("GET", "/api/sandboxes/dl", None).await;
     assert_eq!(s, 200, "reaped right after its download ended: {v}");
 }
@@ -420,7 +442,10 @@ async fn delete_cancels_a_stuck_download_after_the_grace() {
     let d2 = d.clone();
     let started = Instant::now();
     let del = tokio::spawn(async move { d2.json("DELETE", "/api/sandboxes/big", None).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        d.until_log(DELETE_WAITS, 1, Duration::from_secs(10)).await,
+        "the delete did not wait for the stream"
+    );
     let (out, _) = d.exec("calm", "echo served").await;
     assert_eq!(out, "served\n");
     // Served while the delete still waits (not after it).

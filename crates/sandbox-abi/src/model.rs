@@ -167,27 +167,6 @@ pub enum NetworkMode {
     None,
 }
 
-impl NetworkMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NetworkMode::Egress => "egress",
-            NetworkMode::None => "none",
-        }
-    }
-}
-
-impl std::str::FromStr for NetworkMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "egress" => Ok(NetworkMode::Egress),
-            "none" => Ok(NetworkMode::None),
-            other => Err(format!("network mode {other:?} is not egress or none")),
-        }
-    }
-}
-
 /// What a `sandbox_id` is bound to. A create with the same id and a
 /// different identity is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,15 +3,19 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::layout::GUEST;
 use crate::model::{
     validate_env, validate_name, validate_sandbox_id, validate_workdir, CreateRequest, Identity,
     ResourceRequest, Resources, SandboxSpec, StorageMode, ValidationError, MAX_NAME_LEN,
 };
 
-/// The node's defaults and maxima for sandbox resources (the daemon's
-/// `[limits]`), as far as a create request needs them.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The node's defaults and maxima for sandbox resources: the daemon's
+/// `[limits]` section (its defaults are this type's), what a create
+/// request is checked against, and the tmpfs sizes of a native sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ResourceLimits {
     pub memory_mb: u64,
     pub cpus: f64,
@@ -19,6 +23,42 @@ pub struct ResourceLimits {
     pub max_memory_mb: u64,
     pub max_cpus: f64,
     pub max_pids: u64,
+    /// Size cap of `/tmp` inside a sandbox.
+    pub tmp_size_mb: u64,
+    /// Size cap of `/home/gem` (and of an ephemeral user-data tmpfs).
+    pub home_size_mb: u64,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            memory_mb: 2048,
+            cpus: 1.0,
+            pids: 512,
+            max_memory_mb: 8192,
+            max_cpus: 4.0,
+            max_pids: 4096,
+            tmp_size_mb: 512,
+            home_size_mb: 512,
+        }
+    }
+}
+
+impl ResourceLimits {
+    /// Refuses defaults above their maxima, or not positive (the message
+    /// names the daemon's `[limits]`).
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.memory_mb > self.max_memory_mb
+            || self.cpus > self.max_cpus
+            || self.pids > self.max_pids
+        {
+            return Err("limits: a node default is above its maximum");
+        }
+        if self.cpus <= 0.0 || self.memory_mb == 0 || self.pids == 0 {
+            return Err("limits: defaults must be positive");
+        }
+        Ok(())
+    }
 }
 
 impl SandboxSpec {
@@ -132,14 +172,7 @@ mod tests {
 
     /// The daemon's default `[limits]`.
     fn limits() -> ResourceLimits {
-        ResourceLimits {
-            memory_mb: 2048,
-            cpus: 1.0,
-            pids: 512,
-            max_memory_mb: 8192,
-            max_cpus: 4.0,
-            max_pids: 4096,
-        }
+        ResourceLimits::default()
     }
 
     fn req(json: &str) -> CreateRequest {

@@ -22,8 +22,9 @@ use kube::api::{Api, ListParams};
 use tokio::net::TcpStream;
 use tracing::{info, warn, Instrument};
 
-use super::{AgentCredential, Backend, BackendError, Upstream};
-use crate::config::{Config, ConnectMode};
+use super::{AgentCredential, Backend, BackendError, SandboxRef, Upstream};
+use crate::backend::kube_config::ConnectMode;
+use crate::config::Config;
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
 
 mod cache;
@@ -58,6 +59,10 @@ pub struct KubeBackend {
     legacy_selector: String,
     /// Legacy sandboxes seen by `list`: id → Pod UID.
     legacy: Mutex<HashMap<String, String>>,
+    /// The records of the sandboxes it made or found (`create`, `list`),
+    /// by id, until deleted: the backend's table, which `status` reads
+    /// (their Pods' state comes from `cache`).
+    records: Mutex<HashMap<String, SandboxRecord>>,
     cache: Arc<Cache>,
 }
 
@@ -84,6 +89,7 @@ impl KubeBackend {
             node_host: cfg.kubernetes.node_host.clone(),
             legacy_selector: cfg.kubernetes.legacy_selector.clone(),
             legacy: Mutex::new(HashMap::new()),
+            records: Mutex::new(HashMap::new()),
             spec,
             cache: Arc::new(Cache::default()),
         })
@@ -97,16 +103,55 @@ impl KubeBackend {
         self.legacy_map().remove(id);
     }
 
-    fn is_legacy(&self, record: &SandboxRecord) -> bool {
-        self.legacy_map().get(&record.sandbox_id) == Some(&record.generation)
+    fn is_legacy(&self, sandbox: &SandboxRef) -> bool {
+        self.legacy_map().get(&sandbox.sandbox_id) == Some(&sandbox.generation)
     }
 
-    /// The latest known entry of `record`'s incarnation, asking the API
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, SandboxRecord>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `record` in the table (replacing another incarnation's).
+    fn remember(&self, record: &SandboxRecord) {
+        self.records()
+            .insert(record.sandbox_id.clone(), record.clone());
+    }
+
+    /// Drops the record of `id` when it is of `generation`.
+    fn forget_record(&self, id: &str, generation: &str) {
+        let mut records = self.records();
+        if records.get(id).is_some_and(|r| r.generation == generation) {
+            records.remove(id);
+        }
+    }
+
+    /// The status of `sandbox` (whose table record says `known`): its
+    /// Pod's, from the cache or one API call when the entry is stale.
+    async fn current_status(&self, sandbox: &SandboxRef, known: SandboxStatus) -> SandboxStatus {
+        if self.is_legacy(sandbox) {
+            return SandboxStatus::Exited;
+        }
+        match self.observe(sandbox).await {
+            Ok(Some(e)) => status::sandbox_status(e.state),
+            Ok(None) => SandboxStatus::Exited,
+            Err(e) => {
+                // Unknown is not "exited": that would make a create replace
+                // a healthy sandbox while the API server is unreachable.
+                warn!(sandbox_id = %sandbox.sandbox_id, error = %e, "status check failed; keeping the last known status");
+                self.cache
+                    .get(&sandbox.sandbox_id, &sandbox.generation)
+                    .map(|e| status::sandbox_status(e.state))
+                    .unwrap_or(known)
+            }
+        }
+    }
+
+    /// The latest known entry of `sandbox`'s incarnation, asking the API
     /// server only when the cached one is stale. `None`: the Pod is gone
     /// or is another incarnation. `Err`: the API server could not tell.
-    async fn observe(&self, record: &SandboxRecord) -> Result<Option<cache::Entry>, KubeError> {
-        let id = &record.sandbox_id;
-        if let Some(e) = self.cache.get(id, &record.generation) {
+    async fn observe(&self, sandbox: &SandboxRef) -> Result<Option<cache::Entry>, KubeError> {
+        let id = &sandbox.sandbox_id;
+        if let Some(e) = self.cache.get(id, &sandbox.generation) {
             if e.fresh() {
                 return Ok(Some(e));
             }
@@ -121,11 +166,11 @@ impl KubeBackend {
             })?
             .map_err(|e| KubeError::api("get", "pod", &name, e))?;
         match pod {
-            Some(p) if status::uid(&p) == Some(record.generation.as_str()) => {
+            Some(p) if status::uid(&p) == Some(sandbox.generation.as_str()) => {
                 Ok(self.cache.observe(id, &p))
             }
             _ => {
-                self.cache.forget(id, &record.generation);
+                self.cache.forget(id, &sandbox.generation);
                 Ok(None)
             }
         }
@@ -156,6 +201,7 @@ impl KubeBackend {
             }
             self.remove_legacy_service(id).await?;
             self.forget_legacy(id);
+            self.forget_record(id, generation);
             return Ok(());
         }
         let name = names::object_name(id);
@@ -171,6 +217,7 @@ impl KubeBackend {
             Err(e) => return Err(KubeError::api("delete", "pod", &name, e)),
         }
         self.cache.forget(id, generation);
+        self.forget_record(id, generation);
         create::delete_owned(&self.services, "service", &name, generation).await?;
         create::delete_owned(&self.secrets, "secret", &name, generation).await?;
         if self.spec.network.is_some() {
@@ -179,12 +226,12 @@ impl KubeBackend {
         Ok(())
     }
 
-    /// The Service of `record` (node port and cluster IP cached).
-    async fn service_entry(&self, record: &SandboxRecord) -> Result<cache::Entry, KubeError> {
-        let id = &record.sandbox_id;
+    /// The Service of `sandbox` (node port and cluster IP cached).
+    async fn service_entry(&self, sandbox: &SandboxRef) -> Result<cache::Entry, KubeError> {
+        let id = &sandbox.sandbox_id;
         if let Some(e) = self
             .cache
-            .get(id, &record.generation)
+            .get(id, &sandbox.generation)
             .filter(|e| e.node_port.is_some() || e.cluster_ip.is_some())
         {
             return Ok(e);
@@ -195,27 +242,27 @@ impl KubeBackend {
             .get_opt(&name)
             .await
             .map_err(|e| KubeError::api("get", "service", &name, e))?
-            .filter(|s| create::pod_owner(s) == Some(record.generation.as_str()))
+            .filter(|s| create::pod_owner(s) == Some(sandbox.generation.as_str()))
             .ok_or_else(|| KubeError::Unreachable {
                 id: id.clone(),
                 reason: "its service is gone".into(),
             })?;
         self.cache.set_service(
             id,
-            &record.generation,
+            &sandbox.generation,
             create::node_port(&svc),
             create::cluster_ip(&svc),
         );
         self.cache
-            .get(id, &record.generation)
+            .get(id, &sandbox.generation)
             .ok_or_else(|| KubeError::Unreachable {
                 id: id.clone(),
                 reason: "its service is gone".into(),
             })
     }
 
-    async fn connect_inner(&self, record: &SandboxRecord) -> Result<TcpStream, KubeError> {
-        let id = &record.sandbox_id;
+    async fn connect_inner(&self, sandbox: &SandboxRef) -> Result<TcpStream, KubeError> {
+        let id = &sandbox.sandbox_id;
         let unreachable = |reason: &str| KubeError::Unreachable {
             id: id.clone(),
             reason: reason.to_string(),
@@ -231,7 +278,7 @@ impl KubeBackend {
         let addr = match self.spec.connect_mode {
             ConnectMode::NodePort => {
                 let p = self
-                    .service_entry(record)
+                    .service_entry(sandbox)
                     .await?
                     .node_port
                     .ok_or_else(|| unreachable("its service has no node port"))?;
@@ -239,7 +286,7 @@ impl KubeBackend {
             }
             ConnectMode::Service => {
                 let ip = self
-                    .service_entry(record)
+                    .service_entry(sandbox)
                     .await?
                     .cluster_ip
                     .ok_or_else(|| unreachable("its service has no cluster IP"))?;
@@ -247,7 +294,7 @@ impl KubeBackend {
             }
             ConnectMode::PodIp => {
                 let ip = self
-                    .observe(record)
+                    .observe(sandbox)
                     .await?
                     .and_then(|e| e.pod_ip)
                     .ok_or_else(|| unreachable("the pod has no IP"))?;
@@ -262,14 +309,14 @@ impl KubeBackend {
             })
     }
 
-    /// The credential of `record`'s incarnation: cached, else read back
+    /// The credential of `sandbox`'s incarnation: cached, else read back
     /// from its Secret (after a daemon restart), which must be owned by
     /// that very Pod.
-    async fn credential(&self, record: &SandboxRecord) -> Result<AgentCredential, KubeError> {
-        let id = &record.sandbox_id;
+    async fn credential(&self, sandbox: &SandboxRef) -> Result<AgentCredential, KubeError> {
+        let id = &sandbox.sandbox_id;
         if let Some(c) = self
             .cache
-            .get(id, &record.generation)
+            .get(id, &sandbox.generation)
             .and_then(|e| e.credential)
         {
             return Ok(c);
@@ -285,12 +332,13 @@ impl KubeBackend {
             .await
             .map_err(|e| KubeError::api("get", "secret", &name, e))?
             .ok_or_else(|| failed("its secret is gone"))?;
-        if create::pod_owner(&secret) != Some(record.generation.as_str()) {
+        if create::pod_owner(&secret) != Some(sandbox.generation.as_str()) {
             return Err(failed("its secret belongs to another incarnation"));
         }
         let c = create::secret_credential(&secret)
             .ok_or_else(|| failed("its secret holds no credential"))?;
-        self.cache.set_credential(id, &record.generation, c.clone());
+        self.cache
+            .set_credential(id, &sandbox.generation, c.clone());
         Ok(c)
     }
 }
@@ -319,6 +367,7 @@ impl Backend for KubeBackend {
                 )
             })?;
             info!(generation = %record.generation, "pod ready");
+            self.remember(&record);
             Ok(record)
         }
         .instrument(span)
@@ -336,6 +385,7 @@ impl Backend for KubeBackend {
             match status::record_from_pod(pod) {
                 Some(r) => {
                     self.cache.observe(&r.sandbox_id, pod);
+                    self.remember(&r);
                     out.push(r);
                 }
                 None => {
@@ -360,42 +410,61 @@ impl Backend for KubeBackend {
                     continue;
                 }
                 map.insert(r.sandbox_id.clone(), r.generation.clone());
+                self.remember(&r);
                 out.push(r);
             }
         }
         Ok(out)
     }
 
-    async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
-        if self.is_legacy(record) {
-            return SandboxStatus::Exited;
-        }
-        match self.observe(record).await {
-            Ok(Some(e)) => status::sandbox_status(e.state),
-            Ok(None) => SandboxStatus::Exited,
-            Err(e) => {
-                // Unknown is not "exited": that would make a create replace
-                // a healthy sandbox while the API server is unreachable.
-                warn!(sandbox_id = %record.sandbox_id, error = %e, "status check failed; keeping the last known status");
-                self.cache
-                    .get(&record.sandbox_id, &record.generation)
-                    .map(|e| status::sandbox_status(e.state))
-                    .unwrap_or(record.status)
-            }
+    async fn running(&self, sandbox: &SandboxRef) -> bool {
+        let known = self
+            .records()
+            .get(&sandbox.sandbox_id)
+            .filter(|r| r.generation == sandbox.generation)
+            .map(|r| r.status);
+        match known {
+            Some(k) => self.current_status(sandbox, k).await == SandboxStatus::Running,
+            None => false,
         }
     }
 
-    async fn get(&self, records: &mut [SandboxRecord]) {
-        // Each from the cache, or one API call when its entry is stale.
-        let statuses = futures_util::future::join_all(records.iter().map(|r| self.status(r))).await;
-        for (r, status) in records.iter_mut().zip(statuses) {
-            r.status = status;
-            if let Some(e) = self.cache.get(&r.sandbox_id, &r.generation) {
-                if e.oom {
-                    r.oom_killed = Some(true);
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
+        // Each from the table, its status from the cache or one API call
+        // when its entry is stale.
+        let known: Vec<Option<SandboxRecord>> = {
+            let records = self.records();
+            sandboxes
+                .iter()
+                .map(|s| {
+                    records
+                        .get(&s.sandbox_id)
+                        .filter(|r| r.generation == s.generation)
+                        .cloned()
+                })
+                .collect()
+        };
+        let statuses = futures_util::future::join_all(
+            sandboxes
+                .iter()
+                .zip(&known)
+                .filter_map(|(s, r)| Some(self.current_status(s, r.as_ref()?.status))),
+        )
+        .await;
+        let mut statuses = statuses.into_iter();
+        known
+            .into_iter()
+            .map(|r| {
+                let mut r = r?;
+                r.status = statuses.next()?;
+                if let Some(e) = self.cache.get(&r.sandbox_id, &r.generation) {
+                    if e.oom {
+                        r.oom_killed = Some(true);
+                    }
                 }
-            }
-        }
+                Some(r)
+            })
+            .collect()
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
@@ -407,29 +476,29 @@ impl Backend for KubeBackend {
             .map_err(BackendError::from)
     }
 
-    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
-        if self.is_legacy(record) {
+    async fn connect(&self, sandbox: &SandboxRef) -> Result<Upstream, BackendError> {
+        if self.is_legacy(sandbox) {
             return Err(BackendError::Unreachable(
                 format!(
                     "sandbox {} was made by the replaced provisioner",
-                    record.sandbox_id
+                    sandbox.sandbox_id
                 )
                 .into(),
             ));
         }
-        let stream = self.connect_inner(record).await?;
+        let stream = self.connect_inner(sandbox).await?;
         let _ = stream.set_nodelay(true);
         Ok(Upstream { stream })
     }
 
     async fn agent_credential(
         &self,
-        record: &SandboxRecord,
+        sandbox: &SandboxRef,
     ) -> Result<Option<AgentCredential>, BackendError> {
-        Ok(Some(self.credential(record).await?))
+        Ok(Some(self.credential(sandbox).await?))
     }
 
-    fn rebindable(&self, record: &SandboxRecord) -> bool {
-        self.is_legacy(record)
+    fn rebindable(&self, sandbox: &SandboxRef) -> bool {
+        self.is_legacy(sandbox)
     }
 }

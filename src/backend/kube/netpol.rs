@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::names;
-use crate::config::KubeConfig;
+use crate::backend::kube_config::KubeConfig;
 
 /// Denied to sandboxes whatever the configuration says (unless an
 /// `egress_allow` entry opens a hole): private (RFC 1918), shared address

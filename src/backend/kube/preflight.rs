@@ -22,7 +22,8 @@ use kube::api::{Api, PostParams};
 use tracing::{info, warn};
 
 use super::{KubeError, SpecConfig};
-use crate::config::{Config, ConnectMode, NetworkPolicyMode};
+use crate::backend::kube_config::{ConnectMode, NetworkPolicyMode};
+use crate::config::Config;
 
 /// Checks that need no cluster.
 pub fn check_config(cfg: &Config) -> Result<(), KubeError> {

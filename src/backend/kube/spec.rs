@@ -29,7 +29,8 @@ use super::names;
 use super::netpol::{self, NetPolicyConfig};
 use super::prepare;
 use super::KubeError;
-use crate::config::{Config, ConnectMode, KubeSeccomp, NetworkPolicyMode};
+use crate::backend::kube_config::{ConnectMode, KubeSeccomp, NetworkPolicyMode};
+use crate::config::Config;
 use crate::model::{SandboxSpec, StorageMode};
 use sandbox_abi::credential;
 use sandbox_abi::layout::{self, GUEST};
@@ -439,29 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_modes_are_config_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        for (toml, message) in [
-            (
-                "[kubernetes]\nseccomp = \"unconfined\"\n",
-                "kubernetes.seccomp \"unconfined\" is not localhost or runtime-default",
-            ),
-            (
-                "[kubernetes]\nconnect_mode = \"hostport\"\n",
-                "kubernetes.connect_mode \"hostport\" is not pod-ip, service or nodeport",
-            ),
-            (
-                "[kubernetes]\nnetwork_policy = \"none\"\n",
-                "kubernetes.network_policy \"none\" is not create or external",
-            ),
-        ] {
-            std::fs::write(&p, toml).unwrap();
-            let e = Config::load(Some(&p), &BTreeMap::new())
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(message), "{e}");
-        }
+    fn spec_config_of_the_defaults() {
         let mut cfg = Config::default();
         let s = SpecConfig::from_config(&cfg).unwrap();
         assert_eq!(s.connect_mode, ConnectMode::PodIp);

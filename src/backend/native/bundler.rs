@@ -71,7 +71,7 @@ pub struct Bundler {
     seccomp: Seccomp,
     cgroup_parent: CgroupParent,
     /// The daemon's network mode (the default of a sandbox).
-    network: crate::config::NetworkMode,
+    network: crate::model::NetworkMode,
     /// Where each network mode's shared `/etc` comes from.
     etc: EtcSource,
     /// The compiled seccomp filters the launcher installs, written once at
@@ -214,7 +214,7 @@ impl Bundler {
         let (base, host) = super::rootfs::select(&self.base, &self.host, image)
             .map_err(NativeError::ImageUnavailable)?;
         let cgroup_path = self.cgroup_parent.relative_path(&spec.sandbox_id);
-        let egress = spec.network.unwrap_or(self.network) == crate::config::NetworkMode::Egress;
+        let egress = spec.network.unwrap_or(self.network) == crate::model::NetworkMode::Egress;
         let (etc_dir, etc_in_bundle) = match &self.etc {
             EtcSource::Prepared { egress: e, none: n } => {
                 (if egress { e } else { n }.clone(), None)
@@ -293,7 +293,7 @@ fn host_layout(cfg: &Config, paths: HostPaths) -> Result<HostLayout, NativeError
         // the base spec's rules as they are.
         device_rules_enforced: true,
         container_port: cfg.container_port,
-        limits: cfg.limits.clone(),
+        limits: cfg.limits,
         exec_cap_seconds: cfg.agent_exec_cap_seconds(),
     })
 }

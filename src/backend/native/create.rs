@@ -82,6 +82,7 @@ impl NativeBackend {
     }
 
     /// Holds the store's shared lock while image `i` is known to be there.
+    #[cfg(feature = "images")]
     fn image_in_store(&self, i: &ResolvedImage) -> Result<sandbox_image::store::Lock, NativeError> {
         let store = self.sandboxes.images.store();
         let lock = store
@@ -95,6 +96,16 @@ impl NativeBackend {
             ))),
             Err(e) => Err(NativeError::ImageStore(e.to_string())),
         }
+    }
+
+    /// No store without the feature `images` (and no image resolves).
+    #[cfg(not(feature = "images"))]
+    fn image_in_store(&self, i: &ResolvedImage) -> Result<(), NativeError> {
+        Err(NativeError::ImageUnavailable(format!(
+            "image {}: {}",
+            i.reference,
+            crate::NO_IMAGES
+        )))
     }
 
     pub(super) fn blocking_create(
@@ -237,7 +248,7 @@ impl NativeBackend {
         // its mounts and starts the agent: its network namespace exists
         // from the moment its PID is reported (the launcher unshared it
         // before the fork).
-        let egress = mode == crate::config::NetworkMode::Egress;
+        let egress = mode == crate::model::NetworkMode::Egress;
         let mut early_netns: Option<Arc<std::os::fd::OwnedFd>> = None;
         let (launched, attached) = std::thread::scope(|scope| {
             let mut attaching = None;

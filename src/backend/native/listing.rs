@@ -1,11 +1,17 @@
-//! [`Backend::get`]: records' status and OOM flag read from the table.
-//! For many records (list) the OOM flags are first brought up to date
-//! without a file read per sandbox ([`oom`](super::oom)); for a few
-//! (discover) their own counters are read. Then every record's status and
-//! flag come from one lock of the table, PID 1's exit checked for all of
-//! them in one `poll` of their pidfds (not one system call per sandbox).
+//! [`Backend::status`]: records read from the table. For many records
+//! (list) the OOM flags are first brought up to date without a file read
+//! per sandbox ([`oom`](super::oom)); for a few (discover) their own
+//! counters are read. Then every record comes from one lock
+//! of the table, PID 1's exit checked for all of them in one `poll` of
+//! their pidfds (not one system call per sandbox): running while the table
+//! says so and PID 1 has not exited (an exit the watcher has not marked
+//! yet is seen too).
 //!
-//! [`Backend::get`]: crate::backend::Backend::get
+//! A proxied request's [`Backend::running`] copies no record and reads no
+//! file: one lookup in the table and a `poll` of PID 1's pidfd.
+//!
+//! [`Backend::status`]: crate::backend::Backend::status
+//! [`Backend::running`]: crate::backend::Backend::running
 
 use std::sync::Arc;
 
@@ -14,44 +20,67 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use super::oom::{self, Gate};
 use super::proc::ProcHandle;
 use super::watch::LiveMap;
+use crate::backend::SandboxRef;
 use crate::model::{SandboxRecord, SandboxStatus};
 
 /// Pidfds per `poll` (well under any open-file limit, which bounds `nfds`).
 const POLL_CHUNK: usize = 256;
 
-pub(super) fn get(gate: &Gate, live: &LiveMap, records: &mut [SandboxRecord]) {
-    if records.len() <= oom::DIRECT_MAX {
-        for r in records.iter() {
-            oom::check(live, &r.sandbox_id, &r.generation);
+pub(super) fn status(
+    gate: &Gate,
+    live: &LiveMap,
+    sandboxes: &[SandboxRef],
+) -> Vec<Option<SandboxRecord>> {
+    if sandboxes.len() <= oom::DIRECT_MAX {
+        for s in sandboxes {
+            oom::check(live, &s.sandbox_id, &s.generation);
         }
     } else {
         oom::sync(gate, live);
     }
+    let mut out: Vec<Option<SandboxRecord>> = Vec::with_capacity(sandboxes.len());
     // Running per the table: PID 1's pidfd still to be polled.
-    let mut running: Vec<(usize, Arc<ProcHandle>)> = Vec::with_capacity(records.len());
+    let mut running: Vec<(usize, Arc<ProcHandle>)> = Vec::new();
     {
         let map = live.lock();
-        for (i, r) in records.iter_mut().enumerate() {
-            r.status = SandboxStatus::Exited;
-            if let Some(l) = map.get(&r.sandbox_id) {
-                if l.record.generation == r.generation {
-                    if l.record.oom_killed == Some(true) {
-                        r.oom_killed = Some(true);
-                    }
-                    if l.record.status == SandboxStatus::Running {
-                        running.push((i, l.handle.clone()));
-                    }
+        for (i, s) in sandboxes.iter().enumerate() {
+            let l = map
+                .get(&s.sandbox_id)
+                .filter(|l| l.record.generation == s.generation);
+            out.push(l.map(|l| {
+                if l.record.status == SandboxStatus::Running {
+                    running.push((i, l.handle.clone()));
                 }
-            }
+                SandboxRecord {
+                    status: SandboxStatus::Exited,
+                    ..l.record.clone()
+                }
+            }));
         }
     }
     for chunk in running.chunks(POLL_CHUNK) {
         for (i, alive) in chunk.iter().map(|(i, _)| *i).zip(alive(chunk)) {
-            if alive {
-                records[i].status = SandboxStatus::Running;
+            if let (true, Some(r)) = (alive, out[i].as_mut()) {
+                r.status = SandboxStatus::Running;
             }
         }
     }
+    out
+}
+
+/// Whether the table has `sandbox`'s incarnation running and its PID 1 has
+/// not exited.
+pub(super) fn running(live: &LiveMap, sandbox: &SandboxRef) -> bool {
+    let handle = match live.lock().get(&sandbox.sandbox_id) {
+        Some(l)
+            if l.record.generation == sandbox.generation
+                && l.record.status == SandboxStatus::Running =>
+        {
+            l.handle.clone()
+        }
+        _ => return false,
+    };
+    !handle.exited()
 }
 
 /// Whether each process has not exited (no event on its pidfd), as

@@ -17,7 +17,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::{info, warn};
 
-use super::{Backend, BackendError, BackendMetrics, NetworkMetrics, SandboxNetwork, Upstream};
+use super::{
+    Backend, BackendError, BackendMetrics, NetworkMetrics, SandboxNetwork, SandboxRef, Upstream,
+};
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
 use crate::model::{NetworkMode, SandboxRecord, SandboxSpec, SandboxStatus};
@@ -25,6 +27,7 @@ use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
 mod bundler;
+mod config;
 mod create;
 mod error;
 pub mod etc;
@@ -45,8 +48,10 @@ pub mod userns;
 mod watch;
 
 pub use bundler::{Bundler, HostPaths, Seccomp};
+pub use config::NativeConfig;
 pub use error::NativeError;
 use netns::NetnsDialer;
+pub use pool::{PoolConfig, PoolVariant};
 use proc::ProcHandle;
 use state::{Phase, SandboxState, StateDir};
 
@@ -131,14 +136,6 @@ struct Sandboxes {
 }
 
 impl NativeBackend {
-    /// The status of `record`'s incarnation as the live table has it.
-    fn current_status(&self, record: &SandboxRecord) -> SandboxStatus {
-        match self.live().get(&record.sandbox_id) {
-            Some(l) if l.record.generation == record.generation => status_of(l, record),
-            _ => SandboxStatus::Exited,
-        }
-    }
-
     /// Builds the backend from the configuration, then reconciles the
     /// state directory (adopts live sandboxes, cleans up the rest) before
     /// returning, so the API never serves a half-known node.
@@ -322,7 +319,7 @@ impl NativeBackend {
 
     /// Egress drops and bytes per sandbox, when egress is on.
     fn network_metrics(&self) -> Option<NetworkMetrics> {
-        if self.net.mode() == crate::config::NetworkMode::None {
+        if self.net.mode() == NetworkMode::None {
             return None;
         }
         let links: Vec<(String, String)> = self
@@ -407,19 +404,6 @@ fn kill_and_remove_cgroup(cgroups: &CgroupRoot, id: &str) {
     }
 }
 
-/// The status of `record` when `l` is its incarnation: running while
-/// the table says so and PID 1 has not exited (its pidfd, polled now).
-fn status_of(l: &Live, record: &SandboxRecord) -> SandboxStatus {
-    if record.generation == l.record.generation
-        && l.record.status == SandboxStatus::Running
-        && !l.handle.exited()
-    {
-        SandboxStatus::Running
-    } else {
-        SandboxStatus::Exited
-    }
-}
-
 fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
     SandboxRecord {
         sandbox_id: st.sandbox_id.clone(),
@@ -471,7 +455,10 @@ impl Backend for NativeBackend {
 
     fn metrics(&self) -> BackendMetrics {
         BackendMetrics {
+            #[cfg(feature = "images")]
             images: Some(self.sandboxes.images.stats()),
+            #[cfg(not(feature = "images"))]
+            images: None,
             pool: Some(self.pool.stats()),
             network: self.network_metrics(),
         }
@@ -533,12 +520,12 @@ impl Backend for NativeBackend {
             .collect())
     }
 
-    async fn status(&self, record: &SandboxRecord) -> SandboxStatus {
-        self.current_status(record)
+    async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {
+        listing::status(&self.sandboxes.oom, &self.sandboxes.live, sandboxes)
     }
 
-    async fn get(&self, records: &mut [SandboxRecord]) {
-        listing::get(&self.sandboxes.oom, &self.sandboxes.live, records)
+    async fn running(&self, sandbox: &SandboxRef) -> bool {
+        listing::running(&self.sandboxes.live, sandbox)
     }
 
     async fn delete(&self, sandbox_id: &str, generation: &str) -> Result<(), BackendError> {
@@ -552,15 +539,15 @@ impl Backend for NativeBackend {
         let _ = tokio::task::spawn_blocking(move || net.flush()).await;
     }
 
-    async fn connect(&self, record: &SandboxRecord) -> Result<Upstream, BackendError> {
-        let netns = match self.live().get(&record.sandbox_id) {
+    async fn connect(&self, sandbox: &SandboxRef) -> Result<Upstream, BackendError> {
+        let netns = match self.live().get(&sandbox.sandbox_id) {
             Some(Live {
                 record: r,
                 netns: Some(netns),
                 ..
-            }) if r.generation == record.generation => netns.clone(),
+            }) if r.generation == sandbox.generation => netns.clone(),
             _ => {
-                let id = record.sandbox_id.clone();
+                let id = sandbox.sandbox_id.clone();
                 return Err(NativeError::NotRunning { id }.into());
             }
         };
@@ -569,7 +556,7 @@ impl Backend for NativeBackend {
             self.sandboxes.bundler.host().container_port,
         ));
         let dial = |source| NativeError::Dial {
-            id: record.sandbox_id.clone(),
+            id: sandbox.sandbox_id.clone(),
             source,
         };
         let stream = self

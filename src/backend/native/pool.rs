@@ -49,19 +49,96 @@ use std::time::Duration;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use oci_spec::runtime::{MountBuilder, Spec};
 use rustix::mount::MountAttrFlags;
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::create::Started;
 use super::state::Phase;
 use super::{blocking, output, paths, NativeBackend, NativeError};
-use crate::config::{NetworkMode, PoolConfig};
+use crate::config::ConfigError;
 use crate::images::ResolvedImage;
 use crate::model::{
-    new_generation, unix_now, Identity, SandboxRecord, SandboxSpec, StorageMode, POOL_KEY_PREFIX,
+    new_generation, unix_now, Identity, NetworkMode, SandboxRecord, SandboxSpec, StorageMode,
+    POOL_KEY_PREFIX,
 };
 use sandbox_abi::claim::{ClaimAnswer, ClaimRequest, FileId, CLAIM_PATH};
 use sandbox_abi::layout::GUEST;
 use sandbox_abi::mountapi::{self, Propagation};
+
+/// The warm pool of native sandboxes (`[pool]`; see
+/// `docs/architecture.md#warm-pool` and `docs/security.md#warm-pool`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Sandboxes kept started but bound to no user, for the default image
+    /// and network mode (`SANDBOXD_POOL_SIZE`). Default 0: the pool is off,
+    /// and every sandbox is started cold; a claimed member differs from a
+    /// cold sandbox inside (`docs/architecture.md#warm-pool`, "What differs").
+    pub size: usize,
+    /// How many pool members are started at once while refilling.
+    pub refill_concurrency: usize,
+    /// More pools, each for one network mode and image (`[[pool.extra]]`).
+    pub extra: Vec<PoolVariant>,
+}
+
+/// A pool for creates that ask for another network mode or image than the
+/// node's defaults (`[[pool.extra]]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolVariant {
+    /// The network mode of its members (default: the daemon's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
+    /// The image of its members, one of `[images] allowed` (default: the
+    /// node's default image, or the host's userland).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    pub size: usize,
+}
+
+/// The largest pool accepted.
+pub const MAX_POOL_SIZE: usize = 256;
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: 0,
+            refill_concurrency: 1,
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks the sizes, and that every extra pool's image is one a create
+    /// may name (`allowed`: the normalized `[images] allowed` list).
+    pub fn validate(&self, allowed: &[String]) -> Result<(), ConfigError> {
+        let total: usize = self.size + self.extra.iter().map(|v| v.size).sum::<usize>();
+        if total > MAX_POOL_SIZE {
+            return Err(ConfigError::Invalid(format!(
+                "pool: {total} members in all is above the maximum {MAX_POOL_SIZE}"
+            )));
+        }
+        for v in &self.extra {
+            if let Some(image) = &v.image {
+                let norm = crate::images::normalize(image).map_err(|e| {
+                    ConfigError::Invalid(format!("pool.extra: image {image:?}: {e}"))
+                })?;
+                if !allowed.contains(&norm) {
+                    return Err(ConfigError::Invalid(format!(
+                        "pool.extra: image {image:?} is not in [images] allowed"
+                    )));
+                }
+            }
+        }
+        if self.refill_concurrency == 0 || self.refill_concurrency > 16 {
+            return Err(ConfigError::Invalid(
+                "pool.refill_concurrency must be between 1 and 16".into(),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// The two attach points of a member, relative to its slot directory.
 const ATTACH: [&str; 2] = ["user-data", "skills"];
@@ -119,7 +196,7 @@ impl Pool {
             let image = v
                 .image
                 .as_deref()
-                .map(|i| sandbox_image::reference::normalize(i).unwrap_or_else(|_| i.to_string()));
+                .map(|i| crate::images::normalize(i).unwrap_or_else(|_| i.to_string()));
             variants.push(variant(v.network, image, v.size));
         }
         Pool {
@@ -593,7 +670,7 @@ impl NativeBackend {
             let (b, s) = (self.clone(), spec.clone());
             blocking(move || b.prepare_user_paths(&s)).await?;
         }
-        if mode == crate::config::NetworkMode::Egress && !self.net.egress_enforced() {
+        if mode == NetworkMode::Egress && !self.net.egress_enforced() {
             // Its egress table is being rebuilt: a member is not handed
             // out; the cold create waits for the table (or answers 503).
             info!("pool: the egress table is not in force; starting the sandbox cold");
@@ -904,7 +981,7 @@ impl NativeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::PoolVariant;
+    use crate::config::{load_toml, test_env, Config};
     use crate::model::{is_pool_key, validate_node_key, validate_sandbox_id, Resources};
 
     const E: NetworkMode = NetworkMode::Egress;
@@ -1041,7 +1118,8 @@ mod tests {
             .iter()
             .map(|v| (v.network, v.image.as_deref(), v.size))
             .collect();
-        let tools = sandbox_image::reference::normalize("registry.example.com/tools:1").unwrap();
+        let tools = crate::images::normalize("registry.example.com/tools:1")
+            .unwrap_or_else(|_| "registry.example.com/tools:1".into());
         assert_eq!(
             v,
             [
@@ -1100,5 +1178,38 @@ mod tests {
         assert!(s.env.is_empty());
         assert_eq!(s.resources, r);
         assert_eq!(s.network, None);
+    }
+
+    #[test]
+    fn pool_section_env_and_extra_pools() {
+        let toml = "[images]\nallowed = [\"registry.example.com/tools:1\"]\n\
+             [pool]\nsize = 3\n\
+             [[pool.extra]]\nnetwork = \"none\"\nsize = 1\n\
+             [[pool.extra]]\nimage = \"registry.example.com/tools:1\"\nsize = 2\n";
+        let c = load_toml(toml, &[]).unwrap();
+        assert_eq!((c.pool.size, c.pool.extra.len()), (3, 2));
+        assert_eq!(c.pool.extra[0].network, Some(NetworkMode::None));
+        c.validate().unwrap();
+        let c = load_toml(toml, &[("SANDBOXD_POOL_SIZE", "0")]).unwrap();
+        assert_eq!(c.pool.size, 0);
+        // Off unless asked for: a claimed member is not a cold sandbox.
+        let d = Config::load(None, &test_env(&[])).unwrap();
+        assert_eq!((d.pool.size, d.pool.extra.len()), (0, 0));
+        let c = Config::load(None, &test_env(&[("SANDBOXD_POOL_SIZE", "2")])).unwrap();
+        assert_eq!(c.pool.size, 2);
+        // An extra pool's image must be one a create may name.
+        let toml = "[[pool.extra]]\nimage = \"registry.example.com/other:2\"\nsize = 1\n";
+        let e = load_toml(toml, &[])
+            .and_then(|c| c.validate().map(|_| c))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not in [images] allowed"), "{e}");
+        // Too many members in all, and no refill.
+        let toml = "[pool]\nsize = 200\n[[pool.extra]]\nsize = 100\n";
+        let c = load_toml(toml, &[]).unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("maximum"));
+        let toml = "[pool]\nrefill_concurrency = 0\n";
+        let c = load_toml(toml, &[]).unwrap();
+        assert!(c.validate().is_err());
     }
 }

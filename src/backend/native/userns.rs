@@ -11,7 +11,91 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::config::{UsernsConfig, UsernsMode, USERNS_SLOT};
+use crate::config::{display_as_word, key_word, ConfigError, KeyWord};
+
+/// Whether native sandboxes get a user namespace (`[userns] mode`,
+/// `SANDBOXD_USERNS`; see `docs/security.md#user-namespaces`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UsernsMode {
+    /// `auto` (default): on when the kernel and the filesystems of the
+    /// user-data and skills roots (and the other bound paths) support
+    /// idmapped mounts, checked at start with a probe mount; off
+    /// otherwise, said in the log.
+    Auto,
+    /// `on`: the daemon refuses to start without that support.
+    On,
+    /// `off`: every sandbox runs as host uid 1000 (the behaviour before
+    /// user namespaces).
+    Off,
+}
+
+impl KeyWord for UsernsMode {
+    const KEY: &'static str = "userns.mode";
+}
+
+display_as_word!(UsernsMode);
+
+/// Host ids of one sandbox's user namespace: container ids `0..65536`.
+pub const USERNS_SLOT: u32 = 65536;
+
+/// User namespaces of native sandboxes (`[userns]`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UsernsConfig {
+    #[serde(deserialize_with = "key_word")]
+    pub mode: UsernsMode,
+    /// The first host uid/gid of the pool the sandboxes' ranges come from
+    /// (default 2^31, far above any real user or the usual
+    /// `/etc/subuid` ranges). A multiple of 65536.
+    pub range_start: u32,
+    /// How many host ids the pool holds (a multiple of 65536: one slot of
+    /// 65536 per sandbox; default 2^30, 16384 sandboxes).
+    pub range_count: u32,
+}
+
+impl Default for UsernsConfig {
+    fn default() -> Self {
+        UsernsConfig {
+            mode: UsernsMode::Auto,
+            range_start: 1 << 31,
+            range_count: 1 << 30,
+        }
+    }
+}
+
+impl UsernsConfig {
+    /// Number of sandbox slots in the pool.
+    pub fn slots(&self) -> u32 {
+        self.range_count / USERNS_SLOT
+    }
+
+    /// Checks the range of host ids.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("userns: {m}")));
+        if self.range_start < USERNS_SLOT || !self.range_start.is_multiple_of(USERNS_SLOT) {
+            return bad(format!(
+                "range_start {} must be a multiple of 65536 and at least 65536 (host ids below belong to real users)",
+                self.range_start
+            ));
+        }
+        if self.range_count < USERNS_SLOT || !self.range_count.is_multiple_of(USERNS_SLOT) {
+            return bad(format!(
+                "range_count {} must be a positive multiple of 65536 (one slot per sandbox)",
+                self.range_count
+            ));
+        }
+        // The last id must stay below 2^32 - 1 ((uid_t)-1 means "no id").
+        if u64::from(self.range_start) + u64::from(self.range_count) > u64::from(u32::MAX) {
+            return bad(format!(
+                "range_start + range_count = {} exceeds the largest host id {}",
+                u64::from(self.range_start) + u64::from(self.range_count),
+                u32::MAX - 1
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// The host ids of one sandbox: container ids `0..size` are host ids
 /// `host..host + size` (uids and gids alike).
@@ -216,6 +300,7 @@ pub fn probe(init: &Path, paths: &[PathBuf], base: u32) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{load_toml, Config};
 
     #[test]
     fn the_spec_gets_a_user_namespace_first_and_one_map_line() {
@@ -275,5 +360,49 @@ mod tests {
         assert_eq!(p.allocate("d").unwrap().host, 1 << 31);
         assert_eq!(p.in_use(), 3);
         assert_eq!(p.get("b"), Some(b));
+    }
+
+    #[test]
+    fn userns_section_and_env() {
+        let toml = "[userns]\nmode = \"on\"\nrange_start = 131072\nrange_count = 196608\n";
+        let c = load_toml(toml, &[]).unwrap();
+        assert_eq!(c.userns.mode, UsernsMode::On);
+        assert_eq!(c.userns.slots(), 3);
+        c.validate().unwrap();
+        let c = load_toml(
+            toml,
+            &[
+                ("SANDBOXD_USERNS", "off"),
+                ("SANDBOXD_USERNS_RANGE_START", "262144"),
+                ("SANDBOXD_USERNS_RANGE_COUNT", "65536"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.userns.mode, UsernsMode::Off);
+        assert_eq!((c.userns.range_start, c.userns.slots()), (262144, 1));
+        assert!(load_toml(toml, &[("SANDBOXD_USERNS", "maybe")]).is_err());
+        let toml = "[userns]\nmode = \"maybe\"\n";
+        let e = load_toml(toml, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("userns.mode \"maybe\" is not auto, on or off"),
+            "{e}"
+        );
+        assert_eq!(UsernsMode::On.to_string(), "on");
+        let d = Config::default();
+        assert_eq!(d.userns.mode, UsernsMode::Auto);
+        assert_eq!((d.userns.range_start, d.userns.slots()), (1 << 31, 16384));
+        for (start, count) in [
+            (1000, 65536),
+            (0, 65536),
+            (131072, 1000),
+            (131072, 0),
+            (u32::MAX - 65535, 65536),
+        ] {
+            let mut c = Config::default();
+            c.userns.range_start = start;
+            c.userns.range_count = count;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("userns"), "{e}");
+        }
     }
 }

@@ -15,6 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+#[cfg(feature = "images")]
 pub mod oci;
 pub mod probe;
 pub mod upstream;
@@ -22,6 +23,23 @@ pub mod upstream;
 pub type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 pub const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
+
+/// `RUST_LOG` of a test daemon whose barriers include the lines it writes
+/// at debug level: each pass of the idle reaper ([`IDLE_CHECK`]), each
+/// parking of upstream connections ([`PARKED`]).
+pub const BARRIER_LOG: &str = "info,sandboxd::lifecycle::idle=debug,sandboxd::api::upstream=debug";
+/// The idle reaper finished a pass (debug: [`BARRIER_LOG`]).
+pub const IDLE_CHECK: &str = "idle check done";
+/// A delete closed a sandbox's gate and waits for its proxied requests.
+pub const DELETE_WAITS: &str = "delete waits for in-flight proxy requests";
+/// A closed client connection parked its upstream connections (debug:
+/// [`BARRIER_LOG`]).
+pub const PARKED: &str = "upstream connections parked";
+
+/// Lowercase hex of `bytes` (a sha256 sum as `sha256sum` prints it).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 pub fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|e| match e {}).boxed()
@@ -198,16 +216,6 @@ impl Daemon {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
-    /// How many log lines contain `needle`.
-    pub fn log_count(&self, needle: &str) -> usize {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-
     /// Waits until a log line contains `needle`.
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
         let end = Instant::now() + timeout;
@@ -218,6 +226,30 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// How many log lines contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Waits until at least `n` log lines contain `needle`, without
+    /// blocking the test's runtime (its other tasks go on meanwhile): a
+    /// barrier on a line the daemon writes when it reaches a point.
+    pub async fn until_log(&self, needle: &str, n: usize, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while self.log_count(needle) < n {
+            if Instant::now() > end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
     }
 
     pub fn kill(&mut self) {

@@ -99,7 +99,7 @@ async fn handle(req: Request<Incoming>, peer: SocketAddr) -> Result<Response<Bod
                 h.update(&data);
             }
         }
-        let v = serde_json::json!({"bytes": n, "sha256": format!("{:x}", h.finalize())});
+        let v = serde_json::json!({"bytes": n, "sha256": super::hex(&h.finalize())});
         Response::builder()
             .header("content-type", "application/json")
             .body(super::full(serde_json::to_vec(&v).unwrap()))

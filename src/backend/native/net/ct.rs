@@ -14,8 +14,11 @@
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 
+#[cfg(test)]
+use super::nfnl::NLMSG_DONE;
 use super::nfnl::{
-    ack_of, attr, dump_messages, open, push_attr, push_msg, receive, send, NfnlError,
+    ack_of, attr, dump_messages, open, push_attr, push_msg, receive, send, NfnlError, NLA_F_NESTED,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
@@ -28,13 +31,6 @@ const CTA_ZONE: u16 = 18;
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_IP_V4_SRC: u16 = 1;
 const CTA_IP_V4_DST: u16 = 2;
-const NLA_F_NESTED: u16 = 0x8000;
-
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-#[cfg(test)]
-const NLMSG_DONE: u16 = 3;
 const AF_INET: u8 = libc::AF_INET as u8;
 
 /// One netlink message of ctnetlink: header, `nfgenmsg` (IPv4), `attrs`.

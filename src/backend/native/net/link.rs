@@ -1,27 +1,26 @@
-//! Netlink work (rtnetlink) on one dedicated thread with its own
-//! single-threaded tokio runtime: veth pairs in the host's namespace, and
-//! the sandbox side configured through a netlink socket opened inside the
-//! sandbox's namespace (the thread `setns`es there to open it and comes
-//! straight back, as the netns connector does). No tokio worker thread of
-//! the daemon ever changes namespace.
+//! Route netlink work ([`rtnl`]) on one dedicated thread, one job after
+//! another: veth pairs in the host's namespace, and the sandbox side
+//! configured through a netlink socket opened inside the sandbox's
+//! namespace (the thread `setns`es there to open it and comes straight
+//! back, as the netns connector does). No tokio worker thread of the daemon
+//! ever changes namespace.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::mpsc;
 
-use futures_util::TryStreamExt;
-use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkInfo};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute};
 use nix::sched::{setns, CloneFlags};
-use rtnetlink::{Handle, IpVersion};
 
 use super::addr::Cidr;
+use super::rtnl;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    #[error("netlink: {0}")]
-    Netlink(#[from] rtnetlink::Error),
+    #[error("netlink: {op}: {source}")]
+    Netlink {
+        op: &'static str,
+        source: std::io::Error,
+    },
     #[error("netlink socket: {0}")]
     Socket(std::io::Error),
     #[error("cannot enter the sandbox's network namespace: {0}")]
@@ -52,9 +51,23 @@ pub struct VethPlan<'a> {
 }
 
 struct Ctx {
-    rt: tokio::runtime::Runtime,
     home: OwnedFd,
-    host: Handle,
+    /// A route netlink socket of the host's namespace.
+    host: OwnedFd,
+    /// The sequence number of the last request.
+    seq: u32,
+}
+
+impl Ctx {
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+}
+
+/// Sends request `msg` (sequence `seq`) on `fd`; `op` names it in the error.
+fn request(fd: &OwnedFd, op: &'static str, msg: &[u8], seq: u32) -> Result<(), LinkError> {
+    rtnl::request(fd, msg, seq).map_err(|source| LinkError::Netlink { op, source })
 }
 
 type Job = Box<dyn FnOnce(&mut Ctx) + Send>;
@@ -70,18 +83,9 @@ impl Netlink {
         let home: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net")
             .map_err(LinkError::Socket)?
             .into();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(LinkError::Socket)?;
-        let host = {
-            let _g = rt.enter();
-            let (conn, handle, _) = rtnetlink::new_connection().map_err(LinkError::Socket)?;
-            rt.spawn(conn);
-            handle
-        };
+        let host = rtnl::open().map_err(LinkError::Socket)?;
         let (tx, rx) = mpsc::channel::<Job>();
-        let mut ctx = Ctx { rt, home, host };
+        let mut ctx = Ctx { home, host, seq: 0 };
         std::thread::Builder::new()
             .name("sandboxd-netlink".into())
             .spawn(move || {
@@ -107,67 +111,53 @@ impl Netlink {
         rx.recv().map_err(|_| LinkError::Gone)?
     }
 
+    /// Every link of the host: (index, name).
+    fn links(ctx: &mut Ctx) -> Result<Vec<(u32, String)>, LinkError> {
+        let seq = ctx.next_seq();
+        let mut out = Vec::new();
+        rtnl::dump(&ctx.host, &rtnl::dump_links(seq), |kind, m| {
+            out.extend(rtnl::parse_link(kind, m));
+        })
+        .map_err(|source| LinkError::Netlink {
+            op: "link dump",
+            source,
+        })?;
+        Ok(out)
+    }
+
     /// The host's links whose name starts with `prefix`.
     pub fn links_with_prefix(&self, prefix: &str) -> Result<Vec<String>, LinkError> {
         let prefix = prefix.to_string();
         self.call(move |ctx| {
-            let h = ctx.host.clone();
-            ctx.rt.block_on(async move {
-                let mut out = Vec::new();
-                let mut s = h.link().get().execute();
-                while let Some(m) = s.try_next().await? {
-                    for a in m.attributes {
-                        if let LinkAttribute::IfName(n) = a {
-                            if n.starts_with(&prefix) {
-                                out.push(n);
-                            }
-                        }
-                    }
-                }
-                Ok(out)
-            })
+            Ok(Self::links(ctx)?
+                .into_iter()
+                .map(|(_, n)| n)
+                .filter(|n| n.starts_with(&prefix))
+                .collect())
         })
     }
 
     /// Every IPv4 route of the host (all tables) with its device's name.
     pub fn routes(&self) -> Result<Vec<HostRoute>, LinkError> {
         self.call(move |ctx| {
-            let h = ctx.host.clone();
-            ctx.rt.block_on(async move {
-                let mut names = std::collections::HashMap::new();
-                let mut s = h.link().get().execute();
-                while let Some(m) = s.try_next().await? {
-                    for a in &m.attributes {
-                        if let LinkAttribute::IfName(n) = a {
-                            names.insert(m.header.index, n.clone());
-                        }
-                    }
-                }
-                let mut out = Vec::new();
-                let mut s = h.route().get(IpVersion::V4).execute();
-                while let Some(m) = s.try_next().await? {
-                    let len = m.header.destination_prefix_length;
-                    let mut dst = Ipv4Addr::UNSPECIFIED;
-                    let mut oif = None;
-                    let mut via = false;
-                    for a in &m.attributes {
-                        match a {
-                            RouteAttribute::Destination(RouteAddress::Inet(a)) => dst = *a,
-                            RouteAttribute::Oif(i) => oif = names.get(i).cloned(),
-                            RouteAttribute::Gateway(_)
-                            | RouteAttribute::MultiPath(_)
-                            | RouteAttribute::Via(_) => via = true,
-                            _ => {}
-                        }
-                    }
+            let names: std::collections::HashMap<u32, String> =
+                Self::links(ctx)?.into_iter().collect();
+            let seq = ctx.next_seq();
+            let mut out = Vec::new();
+            rtnl::dump(&ctx.host, &rtnl::dump_routes(seq), |kind, m| {
+                if let Some(r) = rtnl::parse_route(kind, m) {
                     out.push(HostRoute {
-                        dst: Cidr::new(dst, len),
-                        oif,
-                        via,
+                        dst: Cidr::new(r.dst, r.len),
+                        oif: r.oif.and_then(|i| names.get(&i).cloned()),
+                        via: r.via,
                     });
                 }
-                Ok(out)
             })
+            .map_err(|source| LinkError::Netlink {
+                op: "route dump",
+                source,
+            })?;
+            Ok(out)
         })
     }
 
@@ -214,124 +204,76 @@ impl Netlink {
         let (host_addr, sandbox_addr) = (plan.host_addr, plan.sandbox_addr);
         let netns = plan.netns.try_clone().map_err(LinkError::Socket)?;
         self.call(move |ctx| {
-            let h = ctx.host.clone();
             // Host side.
-            ctx.rt.block_on(async {
-                let add = || {
-                    // `veth(peer, name)`: the request's own link is `name`.
-                    let mut req = h.link().add().veth(SANDBOX_IF.into(), host_if.clone());
-                    for a in &mut req.message_mut().attributes {
-                        if let LinkAttribute::LinkInfo(infos) = a {
-                            for i in infos {
-                                if let LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(p))) = i {
-                                    p.attributes.push(LinkAttribute::NetNsFd(netns.as_raw_fd()));
-                                }
-                            }
-                        }
+            let seq = ctx.next_seq();
+            let add = rtnl::new_veth(&host_if, SANDBOX_IF, netns.as_raw_fd(), seq);
+            match rtnl::request(&ctx.host, &add, seq) {
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    if let Some(i) = if_index(&host_if) {
+                        let seq = ctx.next_seq();
+                        request(&ctx.host, "link delete", &rtnl::del_link(i, seq), seq)?;
                     }
-                    req.execute()
-                };
-                match add().await {
-                    Err(e) if is_exists(&e) => {
-                        if let Some(i) = if_index(&host_if) {
-                            h.link().del(i).execute().await?;
-                        }
-                        add().await?;
-                    }
-                    r => r?,
+                    let seq = ctx.next_seq();
+                    let add = rtnl::new_veth(&host_if, SANDBOX_IF, netns.as_raw_fd(), seq);
+                    request(&ctx.host, "veth add", &add, seq)?;
                 }
-                let host =
-                    if_index(&host_if).ok_or_else(|| LinkError::NotFound(host_if.clone()))?;
-                add_p2p_addr(&h, host, host_addr).await?;
-                Ok::<_, LinkError>(())
-            })?;
+                r => r.map_err(|source| LinkError::Netlink {
+                    op: "veth add",
+                    source,
+                })?,
+            }
+            let host = if_index(&host_if).ok_or_else(|| LinkError::NotFound(host_if.clone()))?;
+            let seq = ctx.next_seq();
+            let addr = rtnl::new_p2p_addr(host, host_addr, seq);
+            request(&ctx.host, "address add", &addr, seq)?;
             // Sandbox side, over a netlink socket opened in its namespace.
-            let inner = {
-                let _g = ctx.rt.enter();
-                setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(LinkError::Enter)?;
-                let made = rtnetlink::new_connection();
-                let eth0 = if_index(SANDBOX_IF);
-                if let Err(e) = setns(ctx.home.as_fd(), CloneFlags::CLONE_NEWNET) {
-                    // Stuck in a sandbox namespace: this thread must not
-                    // serve anything else.
-                    tracing::error!(error = %e, "netlink thread cannot return to its namespace; aborting");
-                    std::process::abort();
-                }
-                (made.map_err(LinkError::Socket)?, eth0)
-            };
-            let ((conn, sh, _), eth0) = inner;
-            let task = ctx.rt.spawn(conn);
-            let r = ctx.rt.block_on(async {
-                let i = eth0.ok_or_else(|| LinkError::NotFound(SANDBOX_IF.into()))?;
-                add_p2p_addr(&sh, i, sandbox_addr).await?;
-                sh.link().set(i).up().execute().await?;
-                sh.route()
-                    .add()
-                    .v4()
-                    .gateway(host_addr)
-                    .output_interface(i)
-                    .execute()
-                    .await?;
-                Ok::<_, LinkError>(())
-            });
-            drop(sh);
-            task.abort();
-            r
+            setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(LinkError::Enter)?;
+            let made = rtnl::open();
+            let eth0 = if_index(SANDBOX_IF);
+            if let Err(e) = setns(ctx.home.as_fd(), CloneFlags::CLONE_NEWNET) {
+                // Stuck in a sandbox namespace: this thread must not serve
+                // anything else.
+                tracing::error!(error = %e, "netlink thread cannot return to its namespace; aborting");
+                std::process::abort();
+            }
+            let sandbox = made.map_err(LinkError::Socket)?;
+            let i = eth0.ok_or_else(|| LinkError::NotFound(SANDBOX_IF.into()))?;
+            let seq = ctx.next_seq();
+            let addr = rtnl::new_p2p_addr(i, sandbox_addr, seq);
+            request(&sandbox, "address add", &addr, seq)?;
+            let seq = ctx.next_seq();
+            request(&sandbox, "link up", &rtnl::set_up(i, seq), seq)?;
+            let seq = ctx.next_seq();
+            let route = rtnl::new_default_route(host_addr, i, seq);
+            request(&sandbox, "route add", &route, seq)
         })
     }
 }
 
 /// Deletes the host link `name` (on the netlink thread).
 fn delete_in(ctx: &mut Ctx, name: &str) -> Result<(), LinkError> {
-    let h = ctx.host.clone();
-    ctx.rt.block_on(async move {
-        match if_index(name) {
-            Some(i) => match h.clone().link().del(i).execute().await {
-                Ok(()) => Ok(()),
-                Err(e) if is_no_device(&e) => Ok(()),
-                Err(e) => Err(e.into()),
-            },
-            None => Ok(()),
-        }
-    })
+    let Some(i) = if_index(name) else {
+        return Ok(());
+    };
+    let seq = ctx.next_seq();
+    match rtnl::request(&ctx.host, &rtnl::del_link(i, seq), seq) {
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+        r => r.map_err(|source| LinkError::Netlink {
+            op: "link delete",
+            source,
+        }),
+    }
 }
 
 /// The sandbox end's name.
 const SANDBOX_IF: &str = "eth0";
 
-/// Adds `addr/31` to link `index` without a broadcast address (rtnetlink
-/// adds the prefix's last address as one, which on a /31 is the peer: the
-/// kernel would then treat the peer's address as broadcast and never route
-/// to it).
-async fn add_p2p_addr(h: &Handle, index: u32, addr: Ipv4Addr) -> Result<(), LinkError> {
-    let mut req = h.address().add(index, IpAddr::V4(addr), 31);
-    req.message_mut()
-        .attributes
-        .retain(|a| !matches!(a, AddressAttribute::Broadcast(_)));
-    req.execute().await?;
-    Ok(())
-}
-
 /// The index of link `name` in the calling thread's network namespace
-/// (`if_nametoindex`, an ioctl: no link dump to parse, whose IPv6 attributes
-/// this kernel makes netlink-packet-route warn about on every parse).
+/// (`if_nametoindex`, an ioctl: no link dump to parse).
 fn if_index(name: &str) -> Option<u32> {
     let c = std::ffi::CString::new(name).ok()?;
     // SAFETY: `c` is a valid NUL-terminated string that outlives the call;
     // if_nametoindex only reads it.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (i != 0).then_some(i)
-}
-
-fn is_exists(e: &rtnetlink::Error) -> bool {
-    matches!(e, rtnetlink::Error::NetlinkError(m) if m.code.is_some_and(|c| c.get() == -libc::EEXIST))
-}
-
-fn is_no_device(e: &rtnetlink::Error) -> bool {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => {
-            m.code.map(|c| c.get() == -libc::ENODEV).unwrap_or(false)
-        }
-        _ => false,
-    }
 }

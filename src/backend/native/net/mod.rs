@@ -17,15 +17,19 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use crate::config::{NetworkConfig, NetworkMode};
+use crate::model::NetworkMode;
 
 pub mod addr;
+mod config;
 pub mod ct;
 pub mod dns;
 pub mod guard;
 pub mod link;
 pub mod nfnl;
 pub mod nft;
+pub mod rtnl;
+
+pub use config::NetworkConfig;
 
 use addr::{Cidr, Hole, Pool, Slot};
 use guard::{Guard, Health};

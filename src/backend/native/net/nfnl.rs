@@ -15,7 +15,8 @@
 //! of `inet <table>` (what `nft list counters table inet <table>` asks,
 //! less its cache fetch), so a scrape spawns no process.
 //!
-//! The socket, attribute and dump helpers below serve `ct.rs` as well.
+//! The socket, attribute and dump helpers below serve `ct.rs` as well,
+//! and the attribute and dump helpers `rtnl.rs`.
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -32,13 +33,16 @@ const NFT_MSG_DELSETELEM: u16 = 14;
 const NFT_MSG_GETOBJ: u16 = 19;
 const NFPROTO_INET: u8 = 1;
 
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_DUMP: u16 = 0x300;
+// Netlink's own (every family's): the header's flags and message types,
+// the nested attribute flag.
+pub(super) const NLM_F_REQUEST: u16 = 0x1;
+pub(super) const NLM_F_ACK: u16 = 0x4;
+pub(super) const NLM_F_EXCL: u16 = 0x200;
+pub(super) const NLM_F_CREATE: u16 = 0x400;
+pub(super) const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
+pub(super) const NLMSG_DONE: u16 = 3;
+pub(super) const NLA_F_NESTED: u16 = 0x8000;
 
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
@@ -85,7 +89,7 @@ pub(super) fn push_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
 }
 
 /// A nested attribute around what `inner` appends.
-fn push_nested(buf: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
+pub(super) fn push_nested(buf: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
     let start = buf.len();
     buf.extend_from_slice(&[0; 4]);
     inner(buf);
@@ -124,6 +128,16 @@ fn cstr(s: &str) -> Vec<u8> {
     v
 }
 
+/// The header (`nlmsghdr`, 16 bytes) of a netlink message `len` bytes
+/// long in all; port id 0 (the kernel's).
+pub(super) fn push_header(buf: &mut Vec<u8>, len: usize, kind: u16, flags: u16, seq: u32) {
+    buf.extend_from_slice(&(len as u32).to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+}
+
 /// One netlink message: header, `nfgenmsg`, attributes.
 pub(super) fn push_msg(
     buf: &mut Vec<u8>,
@@ -134,12 +148,7 @@ pub(super) fn push_msg(
     res_id: u16,
     attrs: &[u8],
 ) {
-    let len = 16 + 4 + attrs.len();
-    buf.extend_from_slice(&(len as u32).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
+    push_header(buf, 16 + 4 + attrs.len(), kind, flags, seq);
     buf.push(family);
     buf.push(0); // NFNETLINK_V0
     buf.extend_from_slice(&res_id.to_be_bytes());
@@ -229,11 +238,17 @@ pub(super) fn ack_of(msg: &[u8], seq: u32) -> Option<i32> {
 
 /// A netfilter netlink socket (of the calling thread's network namespace).
 pub(super) fn open() -> Result<OwnedFd, NfnlError> {
+    open_protocol(SockProtocol::NetlinkNetFilter)
+}
+
+/// A netlink socket of `protocol` (of the calling thread's network
+/// namespace).
+pub(super) fn open_protocol(protocol: SockProtocol) -> Result<OwnedFd, NfnlError> {
     socket(
         AddressFamily::Netlink,
         SockType::Raw,
         SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkNetFilter,
+        protocol,
     )
     .map_err(NfnlError::Socket)
 }

@@ -1,12 +1,7 @@
-//! The daemon's and the CLI's side of images (`[images]`, `docs/images.md`):
-//! the store under `<state_dir>/images/`, resolving a sandbox's image
-//! (present, or pulled once however many creates wait for it), the
-//! background pull of the default image at start-up, and the pull
-//! counters for `/metrics`. The store and the registry protocol are
-//! `sandbox-image`'s.
+//! The store, pulls and the default image (feature `images`).
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,32 +12,8 @@ use sandbox_image::{CommitOptions, Digest, ImageRecord, MountPoint, NoProgress, 
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use super::{ImageStats, ResolvedImage};
 use crate::config::Config;
-
-/// An image a sandbox runs: where its root is and what env it brings.
-#[derive(Debug, Clone)]
-pub struct ResolvedImage {
-    /// The normalized reference it was asked for.
-    pub reference: String,
-    /// The manifest digest: what `state.json` records as in use.
-    pub digest: Digest,
-    pub rootfs: PathBuf,
-    /// The image config's `Env`.
-    pub env: Vec<String>,
-}
-
-/// Pull counters (`/metrics`).
-#[derive(Debug, Clone, Default)]
-pub struct ImageStats {
-    pub pulls_ok: u64,
-    pub pulls_failed: u64,
-    /// Bytes of blobs fetched (cached blobs not counted).
-    pub bytes: u64,
-    /// Seconds spent in pulls, in all.
-    pub seconds: f64,
-    /// Verification failures by kind (`digest`, `size`, `diff_id`, ...).
-    pub verification_failures: BTreeMap<String, u64>,
-}
 
 #[derive(Clone)]
 enum PullState {
