@@ -30,8 +30,8 @@ packages=(
     # program, ip for the egress check's network namespace.
     curl jq bpftool iproute2 procps psmisc util-linux
     # The integration tests: workloads inside sandboxes use the host's /usr
-    # (python3 and pip, git, cc), runc cross-checks bundles.
-    python3 python3-pip git gcc libc6-dev runc ca-certificates
+    # (python3 and pip, git, cc), runc and crun cross-check bundles.
+    python3 python3-pip git gcc libc6-dev runc crun ca-certificates
 )
 
 if [ -e "$out" ]; then
