@@ -122,20 +122,26 @@ fi
 accel=${VM_TIER_ACCEL:-}
 if [ -z "$accel" ]; then
     accel=tcg
-    if [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
-        # /dev/kvm can open and still not run a stock kernel (nested
-        # virtualization that needs a guest built for it): boot the guest
-        # kernel to its "no root" panic, which takes a second or two.
+    if ! { [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; }; then
+        loud "/dev/kvm is not usable: falling back to TCG, software emulation, several times slower; every time limit is longer"
+    elif [ -d /sys/module/kvm_pvm ]; then
+        # PVM (kvm_pvm: KVM by shadow paging, for nested hosts without
+        # VMX/SVM) runs only guest kernels built for it (CONFIG_PVM_GUEST,
+        # a kernel fork's option, booted by qboot); Debian's kernel stops
+        # after its real-mode setup ("Probing EDD ... ok", then nothing).
+        loud "/dev/kvm here is PVM (the kvm_pvm module: nested virtualization without VMX/SVM), which boots only kernels built as PVM guests, not Debian's: falling back to TCG, software emulation, several times slower; every time limit is longer"
+    else
+        # A /dev/kvm that opens may still not run a stock kernel (another
+        # nested setup): boot the guest kernel to its "no root" panic,
+        # which takes a second or two with KVM.
         if timeout 20 qemu-system-x86_64 -machine q35 -accel kvm -cpu host -m 256 \
             -kernel "$img/vmlinuz" -append "console=ttyS0 panic=-1 root=/dev/nonexistent" \
             -display none -serial "file:$run/kvm-probe.log" -monitor none -no-reboot -nic none \
             >/dev/null 2>&1 && grep -q 'Kernel panic' "$run/kvm-probe.log"; then
             accel=kvm
         else
-            loud "/dev/kvm is there, but a KVM guest did not boot its kernel in 20 s here (nested virtualization that cannot run a stock kernel): falling back to TCG, software emulation, several times slower; every time limit is longer"
+            loud "/dev/kvm is there, but a KVM guest did not boot its kernel in 20 s here (see $run/kvm-probe.log): falling back to TCG, software emulation, several times slower; every time limit is longer"
         fi
-    else
-        loud "/dev/kvm is not usable: falling back to TCG, software emulation, several times slower; every time limit is longer"
     fi
 fi
 case $accel in
@@ -208,6 +214,7 @@ truncate -s 512M "$run/results.img"
 : > "$run/results.txt"
 say "booting the guest ($accel, 2 vCPUs, $mem MiB, cgroup v2 only); console: $run/console.log"
 t_boot=$(date +%s)
+t_boot_ns=$(date +%s%N)
 timeout -k 10 "$vm_timeout" qemu-system-x86_64 -name sandboxd-vm-tier \
     -machine q35 -accel "$accel" -cpu "$cpu" -smp 2 -m "$mem" \
     -kernel "$img/vmlinuz" -initrd "$img/initrd.img" \
@@ -224,7 +231,15 @@ timeout -k 10 "$vm_timeout" qemu-system-x86_64 -name sandboxd-vm-tier \
     -device virtio-rng-pci -nic none -display none -monitor none \
     -serial "file:$run/console.log" -no-reboot &
 qemu=$!
-tail -n +1 -f --pid=$qemu "$run/results.txt" 2>/dev/null | sed -u 's/^/vm-tier: guest: /' &
+# Each line as it arrives; a guest's `MARK name` is noted with the time
+# since qemu started (marks.txt).
+tail -n +1 -f --pid=$qemu "$run/results.txt" 2>/dev/null | while IFS= read -r line; do
+    case $line in
+        "MARK "*) echo "${line#MARK } $(awk -v a="$(date +%s%N)" -v b="$t_boot_ns" \
+            'BEGIN {printf "%.1f", (a - b) / 1e9}')" >> "$run/marks.txt" ;;
+        *) echo "vm-tier: guest: $line" ;;
+    esac
+done &
 qemu_rc=0
 wait $qemu || qemu_rc=$?
 sleep 0.5
@@ -252,10 +267,14 @@ if [ -n "$guest_create_p50" ] && [ -n "$host_create_p50" ]; then
     ratio=$(awk -v g="$guest_create_p50" -v h="$host_create_p50" 'BEGIN {printf "%.2f", g / h}')
 fi
 total=$(( $(date +%s) - t_start ))
+qemu_to_ready=$(sed -n 's/^sandboxd_ready //p' "$run/marks.txt" 2>/dev/null | tail -n1)
 {
     echo "accel=$accel"
     echo "boot_s=$(fig runner_start_s)"
     echo "boot_to_ready_s=$(fig boot_to_ready_s)"
+    echo "qemu_to_ready_s=$qemu_to_ready"
+    echo "systemctl_start_s=$(fig start_s)"
+    echo "exec_to_ready_s=$(fig exec_to_ready_s)"
     echo "guest_create_p50_ms=$guest_create_p50"
     echo "host_create_p50_ms=$host_create_p50"
     echo "create_p50_ratio=$ratio"
@@ -266,7 +285,8 @@ total=$(( $(date +%s) - t_start ))
 echo
 grep '^FAIL ' "$results" || true
 for p in "${problems[@]}"; do echo "$p"; done
-say "accelerator $accel; guest boot (kernel to the checks) $(fig runner_start_s) s, to sandboxd ready (after dpkg -i) $(fig boot_to_ready_s) s"
+say "accelerator $accel; guest boot (kernel to the checks) $(fig runner_start_s) s, to sandboxd ready (after dpkg -i) $(fig boot_to_ready_s) s; qemu start to sandboxd ready ${qemu_to_ready:-?} s"
+say "systemctl start sandboxd returned after $(fig start_s) s (main process exec to READY=1: $(fig exec_to_ready_s) s)"
 say "create p50: guest (pure v2) ${guest_create_p50:-?} ms, host (this machine) ${host_create_p50:-?} ms, ratio ${ratio:-?}"
 say "time: guest ${t_vm} s, whole tier ${total} s; logs: $run"
 echo "$passed passed, $failed failed"
