@@ -14,7 +14,8 @@
 //! [`crate::backend::native::PoolConfig`], `[kubernetes]`
 //! [`crate::backend::kube_config::KubeConfig`], `[proxy]`
 //! [`crate::api::proxy::ProxyConfig`], `[images]`
-//! [`crate::images::ImagesConfig`]; `backend` and `log_format` are
+//! [`crate::images::ImagesConfig`], `[idle]`
+//! [`crate::lifecycle::IdleConfig`]; `backend` and `log_format` are
 //! [`crate::backend::BackendKind`] and [`crate::cli::serve::LogFormat`].
 
 use std::collections::BTreeMap;
@@ -33,6 +34,7 @@ use crate::backend::native::{NativeConfig, PoolConfig};
 use crate::backend::BackendKind;
 use crate::cli::serve::LogFormat;
 use crate::images::ImagesConfig;
+use crate::lifecycle::IdleConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -200,6 +202,9 @@ pub struct Config {
     pub userns: UsernsConfig,
     pub images: ImagesConfig,
     pub pool: PoolConfig,
+    /// `[idle]`: the hibernation ladder (freeze, reclaim) before the idle
+    /// timeout's delete.
+    pub idle: IdleConfig,
 }
 
 impl Default for Config {
@@ -240,6 +245,7 @@ impl Default for Config {
             userns: UsernsConfig::default(),
             images: ImagesConfig::default(),
             pool: PoolConfig::default(),
+            idle: IdleConfig::default(),
         }
     }
 }
@@ -292,6 +298,9 @@ const ENV_OVERRIDES: &[(&str, Setter)] = &[
     ("SANDBOX_HEALTH_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.health_timeout_seconds, v))),
     ("SANDBOX_IDLE_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle_timeout_seconds, v))),
     ("SANDBOX_IDLE_CHECK_INTERVAL_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle_check_interval_seconds, v))),
+    ("SANDBOXD_IDLE_FREEZE_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle.freeze_after_seconds, v))),
+    ("SANDBOXD_IDLE_RECLAIM_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.idle.reclaim_after_seconds, v))),
+    ("SANDBOXD_IDLE_BUSY_CPU_PERCENT", Setter::Parsed(|c, v| parse_into(&mut c.idle.busy_cpu_percent, v))),
     ("SANDBOX_EXEC_TIMEOUT_SECONDS", Setter::Parsed(|c, v| parse_into(&mut c.exec_timeout_seconds, v))),
     ("K8S_NAMESPACE", Setter::Text(|c, v| c.kubernetes.namespace = v)),
     ("KUBECONFIG_PATH", Setter::Text(|c, v| c.kubernetes.kubeconfig_path = Some(v.into()))),
@@ -534,6 +543,7 @@ impl Config {
             ));
         }
         self.userns.validate()?;
+        self.idle.validate()?;
         let allowed: Vec<String> = self
             .images
             .allowed

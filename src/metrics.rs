@@ -12,11 +12,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StatusLabel {
-    pub status: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
 }
@@ -41,6 +36,26 @@ pub struct PathLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FromLabel {
+    /// The idle state a wake started from: `frozen` or `reclaimed`.
+    pub from: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabel {
+    /// `freeze` or `reclaim`.
+    pub step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepReasonLabel {
+    /// `freeze`, `reclaim` or `delete`.
+    pub step: String,
+    /// Why it was not taken (`cpu`: the sandbox was busy).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -55,9 +70,26 @@ fn histogram() -> Histogram {
     Histogram::new(BUCKETS.iter().copied())
 }
 
+/// A histogram family (its histograms made with the common buckets).
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
 pub struct Metrics {
     registry: Registry,
-    pub sandboxes: Family<StatusLabel, Gauge>,
+    /// By `status` (every backend) and by `idle_state` (a backend that
+    /// freezes): two sets of series of one gauge.
+    pub sandboxes: Family<Vec<(String, String)>, Gauge>,
+    /// Wakes of frozen or reclaimed sandboxes, from the request's
+    /// admission until thawed.
+    pub wake_seconds: Histograms<FromLabel>,
+    /// Steps down the hibernation ladder taken.
+    pub idle_steps: Family<StepLabel, Counter>,
+    /// Bytes the reclaim step took out of sandboxes' memory.
+    pub reclaimed_bytes: Counter,
+    /// Reclaims that could not finish, by reason (the sandbox stays frozen).
+    pub reclaim_failures: Family<ReasonLabel, Counter>,
+    /// Steps down the ladder (the delete included) not taken though the
+    /// sandbox's requests alone made them due, by step and reason (`cpu`).
+    pub idle_steps_refused: Family<StepReasonLabel, Counter>,
     pub create_seconds: Histogram,
     pub delete_seconds: Histogram,
     pub proxy_seconds: Histogram,
@@ -95,7 +127,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("sandboxd");
-        let sandboxes = Family::<StatusLabel, Gauge>::default();
+        let sandboxes = Family::<Vec<(String, String)>, Gauge>::default();
         let create_seconds = histogram();
         let delete_seconds = histogram();
         let proxy_seconds = histogram();
@@ -111,8 +143,38 @@ impl Metrics {
         let errors = Family::<KindLabel, Counter>::default();
         registry.register(
             "sandboxes",
-            "Sandboxes tracked, by status",
+            "Sandboxes tracked, by status, and (native backend) by idle_state: active, frozen, reclaimed",
             sandboxes.clone(),
+        );
+        let wake_seconds: Histograms<FromLabel> = Family::new_with_constructor(histogram);
+        registry.register(
+            "wake_duration_seconds",
+            "Time to wake a frozen or reclaimed sandbox (thaw) before a request is forwarded, by the state it woke from",
+            wake_seconds.clone(),
+        );
+        let idle_steps = Family::<StepLabel, Counter>::default();
+        registry.register(
+            "idle_steps",
+            "Idle sandboxes frozen or reclaimed (step: freeze, reclaim)",
+            idle_steps.clone(),
+        );
+        let reclaimed_bytes = Counter::default();
+        registry.register(
+            "reclaimed_bytes",
+            "Bytes of memory the reclaim step pushed out of idle sandboxes (to swap, or dropped page cache)",
+            reclaimed_bytes.clone(),
+        );
+        let reclaim_failures = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "reclaim_failures",
+            "Reclaims that could not finish (the sandbox stays frozen), by reason: swap_full, incomplete, error",
+            reclaim_failures.clone(),
+        );
+        let idle_steps_refused = Family::<StepReasonLabel, Counter>::default();
+        registry.register(
+            "idle_steps_refused",
+            "Idle checks that found a step (freeze, reclaim, delete) due by the sandbox's requests but did not take it because the sandbox was busy, by step and reason (cpu: its CPU use since the last check)",
+            idle_steps_refused.clone(),
         );
         registry.register(
             "create_duration_seconds",
@@ -208,6 +270,11 @@ impl Metrics {
             image_verification_failures,
             registry,
             sandboxes,
+            wake_seconds,
+            idle_steps,
+            reclaimed_bytes,
+            reclaim_failures,
+            idle_steps_refused,
             create_seconds,
             delete_seconds,
             proxy_seconds,
@@ -220,6 +287,36 @@ impl Metrics {
             egress_rebuilds,
             render_lock: Mutex::new(()),
         }
+    }
+
+    /// A wake from `from` (`frozen`, `reclaimed`) that took `seconds`.
+    pub fn wake(&self, from: &str, seconds: f64) {
+        self.wake_seconds
+            .get_or_create(&FromLabel { from: from.into() })
+            .observe(seconds);
+    }
+
+    pub fn idle_step(&self, step: &str) {
+        self.idle_steps
+            .get_or_create(&StepLabel { step: step.into() })
+            .inc();
+    }
+
+    pub fn reclaim_failed(&self, reason: &str) {
+        self.reclaim_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn step_refused(&self, step: &str, reason: &str) {
+        self.idle_steps_refused
+            .get_or_create(&StepReasonLabel {
+                step: step.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     pub fn error(&self, kind: &str) {
@@ -294,15 +391,16 @@ impl Metrics {
     }
 
     /// Renders the text exposition format, after setting the per-status
-    /// gauges from `counts` (every status named there; others set to 0).
-    pub fn render(&self, counts: &[(&str, i64)]) -> String {
+    /// gauges from `counts` and the per-idle-state ones from `idle` (every
+    /// state named there).
+    pub fn render(&self, counts: &[(&str, i64)], idle: &[(&str, i64)]) -> String {
         let _g = self.render_lock.lock().unwrap_or_else(|e| e.into_inner());
-        for (status, n) in counts {
-            self.sandboxes
-                .get_or_create(&StatusLabel {
-                    status: status.to_string(),
-                })
-                .set(*n);
+        for (key, set) in [("status", counts), ("idle_state", idle)] {
+            for (value, n) in set {
+                self.sandboxes
+                    .get_or_create(&vec![(key.to_string(), value.to_string())])
+                    .set(*n);
+            }
         }
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -65,6 +65,7 @@ impl AppState {
             delete_grace: Duration::from_secs(1),
             stop_timeout: Duration::from_secs(1),
             allowed_images: Vec::new(),
+            ladder: crate::lifecycle::Ladder::OFF,
         };
         let lc = Arc::new(Lifecycle::new(
             backend,

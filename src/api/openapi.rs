@@ -46,6 +46,12 @@ pub struct SandboxResponse {
     /// every incarnation.
     #[schema(example = "f5890592f8d2b643493c124f7e09de5d")]
     pub generation: String,
+    /// Where the sandbox is on the hibernation ladder and since when (unix
+    /// seconds): `active`, `frozen` or `reclaimed` (native backend; absent
+    /// on the others). `status` stays `running` throughout; any request,
+    /// discover or touch wakes it first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle: Option<crate::model::IdleMark>,
     /// The sandbox's network (native backend; absent on the others).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<NetworkInfo>)]

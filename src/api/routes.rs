@@ -152,6 +152,7 @@ pub fn record_json(state: &AppState, r: &SandboxRecord) -> SandboxResponse {
         workdir_path: r.identity.workdir_path.clone(),
         oom_killed: r.oom_killed,
         network: state.lifecycle.backend().network(&r.sandbox_id),
+        idle: r.idle,
     }
 }
 
@@ -341,8 +342,9 @@ async fn route(
             if let Some((_, rebuilds)) = lc.backend().egress() {
                 lc.metrics().set_egress_rebuilds(rebuilds);
             }
-            let counts = crate::lifecycle::Lifecycle::status_counts(&lc.list().await);
-            let text = lc.metrics().render(&counts);
+            let records = lc.list().await;
+            let counts = crate::lifecycle::Lifecycle::status_counts(&records);
+            let text = lc.metrics().render(&counts, &lc.idle_counts(&records));
             Ok(Response::builder()
                 .status(StatusCode::OK)
                 .header(

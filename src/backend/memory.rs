@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::net::TcpStream;
 
-use super::{Backend, BackendError, SandboxRef, Upstream};
+use super::{Backend, BackendError, Running, SandboxRef, Upstream};
 use crate::model::{new_generation, unix_now, SandboxRecord, SandboxSpec, SandboxStatus};
 
 pub struct MemoryBackend {
@@ -96,6 +96,7 @@ impl Backend for MemoryBackend {
             status: SandboxStatus::Running,
             created_at: unix_now(),
             oom_killed: None,
+            idle: None,
         };
         self.map().insert(spec.sandbox_id.clone(), record.clone());
         Ok(record)
@@ -105,10 +106,11 @@ impl Backend for MemoryBackend {
         Ok(self.map().values().cloned().collect())
     }
 
-    async fn running(&self, sandbox: &SandboxRef) -> bool {
-        self.map().get(&sandbox.sandbox_id).is_some_and(|r| {
+    async fn running(&self, sandbox: &SandboxRef) -> Running {
+        let running = self.map().get(&sandbox.sandbox_id).is_some_and(|r| {
             r.generation == sandbox.generation && r.status == SandboxStatus::Running
-        })
+        });
+        running.into()
     }
 
     async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
 use crate::config::parse_word;
-use crate::model::{SandboxRecord, SandboxSpec};
+use crate::model::{IdleState, SandboxRecord, SandboxSpec};
 
 #[cfg(feature = "kube")]
 pub mod kube;
@@ -179,6 +179,75 @@ impl SandboxRef {
     }
 }
 
+/// What a proxied request's admission finds of an incarnation
+/// ([`Backend::running`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Running {
+    /// Not running (exited, deleted or replaced): the request is refused.
+    No,
+    /// Running: the request is forwarded.
+    Yes,
+    /// Running, but frozen or reclaimed by the hibernation ladder: woken
+    /// ([`Backend::wake`]) before anything is forwarded.
+    Asleep,
+}
+
+impl From<bool> for Running {
+    /// Runs or not, for a backend without a ladder.
+    fn from(running: bool) -> Running {
+        if running {
+            Running::Yes
+        } else {
+            Running::No
+        }
+    }
+}
+
+/// What the idle reaper reads of a running incarnation ([`Backend::idle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdleSample {
+    /// Where it is on the hibernation ladder.
+    pub state: IdleState,
+    /// CPU time its processes used so far, in microseconds (the idle
+    /// rule's busy check compares two samples); `None` when unknown.
+    pub cpu_usec: Option<u64>,
+}
+
+/// What one reclaim did ([`Backend::reclaim`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReclaimOutcome {
+    /// Bytes the sandbox's cgroup holds less than before.
+    pub bytes: u64,
+    /// Why it could not push all of its anonymous memory out (`swap_full`,
+    /// `no_swap`, `incomplete`), with the sandbox left frozen; `None`: done.
+    pub failure: Option<&'static str>,
+    /// Words for the log line of a failure.
+    pub detail: String,
+}
+
+/// The node's swap, as `/proc/swaps` and `/proc/meminfo` say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SwapInfo {
+    /// Each device: (name, kind: `zram`, `partition` or `file`).
+    pub devices: Vec<(String, String)>,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+}
+
+impl SwapInfo {
+    /// `zram`, `disk` (partitions and files), `zram+disk` or `none`.
+    pub fn kind(&self) -> &'static str {
+        let zram = self.devices.iter().any(|(_, k)| k == "zram");
+        let disk = self.devices.iter().any(|(_, k)| k != "zram");
+        match (zram, disk) {
+            (true, true) => "zram+disk",
+            (true, false) => "zram",
+            (false, true) => "disk",
+            (false, false) => "none",
+        }
+    }
+}
+
 /// How one sandbox is made, found, reached and destroyed. The backend owns
 /// the records of its sandboxes (its table: the native backend's, persisted
 /// in each `state.json`; the Kubernetes backend's records with its cache of
@@ -215,8 +284,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether this incarnation runs, for a proxied request (asked on every
     /// one): from the backend's table, no record copied, no file read, no
-    /// network round trip where avoidable.
-    async fn running(&self, sandbox: &SandboxRef) -> bool;
+    /// network round trip where avoidable. A frozen or reclaimed one is
+    /// [`Running::Asleep`]: the caller wakes it before it forwards anything.
+    async fn running(&self, sandbox: &SandboxRef) -> Running;
 
     /// Every sandbox this backend manages right now (start-up adoption,
     /// quiesce). Must include sandboxes made by an earlier daemon process.
@@ -271,6 +341,55 @@ pub trait Backend: Send + Sync + 'static {
     /// Waits until the background cleanups of deleted sandboxes (if the
     /// backend defers any) are over: daemon shutdown, after the deletes.
     async fn settle(&self) {}
+
+    /// Whether this backend can freeze its sandboxes (the native one):
+    /// the hibernation ladder's freeze and reclaim steps run only then.
+    fn can_freeze(&self) -> bool {
+        false
+    }
+
+    /// The node's swap (the ladder's reclaim step needs some), when the
+    /// backend can reclaim.
+    fn swap(&self) -> Option<SwapInfo> {
+        None
+    }
+
+    /// What the idle reaper reads of the incarnations `sandboxes` names,
+    /// in the same order: for each that runs, its place on the ladder and
+    /// its CPU time (the busy check); `None` for one that does not run or
+    /// is unknown (only the delete at the idle timeout applies to it).
+    /// May read a file per sandbox: for the reaper, not the request path.
+    async fn idle(&self, sandboxes: &[SandboxRef]) -> Vec<Option<IdleSample>> {
+        vec![None; sandboxes.len()]
+    }
+
+    /// Freezes this incarnation (its record says frozen before its cgroup
+    /// is, so no sandbox is ever frozen without a record of it, and an
+    /// admission meanwhile finds it asleep). The caller holds requests to
+    /// it off meanwhile.
+    async fn freeze(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        Err(self.no_ladder("freeze", sandbox))
+    }
+
+    /// Pushes the memory of this (frozen) incarnation to swap. A reclaim
+    /// that cannot finish leaves it frozen and says why.
+    async fn reclaim(&self, sandbox: &SandboxRef) -> Result<ReclaimOutcome, BackendError> {
+        Err(self.no_ladder("reclaim", sandbox))
+    }
+
+    /// Wakes this incarnation if it is frozen or reclaimed (thawed; its
+    /// pages come back as they are touched) and returns the state it woke
+    /// from; `None` when it was not asleep (another request woke it:
+    /// concurrent wakes wait for one thaw). Refuses another generation.
+    async fn wake(&self, _sandbox: &SandboxRef) -> Result<Option<IdleState>, BackendError> {
+        Ok(None)
+    }
+
+    /// The refusal of a ladder step by a backend that has no ladder.
+    fn no_ladder(&self, step: &str, sandbox: &SandboxRef) -> BackendError {
+        let (name, id) = (self.name(), &sandbox.sandbox_id);
+        BackendError::Invalid(format!("the {name} backend cannot {step} {id}").into())
+    }
 
     /// The state of the node's egress policy (`enforced`, `rebuilding`,
     /// `failed`) and how many times it was rebuilt after a loss, when the

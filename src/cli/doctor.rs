@@ -129,8 +129,60 @@ pub fn check(cfg: &Config) -> Vec<Finding> {
     out.push(network(cfg));
     out.push(userns(cfg));
     out.push(image(cfg));
+    out.push(swap(cfg));
     out.push(runc());
     out
+}
+
+/// Whether the hibernation ladder's reclaim step can work: the node's
+/// swap (kind, size) and what it would gain now (the anonymous memory of
+/// the sandboxes running under the cgroup parent). Optional: without swap
+/// idle sandboxes are frozen but keep their memory.
+fn swap(cfg: &Config) -> Finding {
+    let s = crate::backend::native::hibernate::swap_info();
+    let anon: u64 = crate::cgroups::CgroupRoot::detect(&cfg.native.cgroup_parent)
+        .ok()
+        .map(|root| {
+            root.list()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|id| root.open(id).ok().flatten())
+                .filter_map(|cg| cg.memory_usage().ok())
+                .map(|u| u.anon)
+                .sum()
+        })
+        .unwrap_or(0);
+    let reclaim = if cfg.idle.freeze_after_seconds == 0 || cfg.idle.reclaim_after_seconds == 0 {
+        "reclaim step off in [idle]".to_string()
+    } else {
+        format!("reclaim after {} s idle", cfg.idle.reclaim_after_seconds)
+    };
+    let gain = format!(
+        "the sandboxes here hold {} MiB of anonymous memory now",
+        anon >> 20
+    );
+    if s.total_bytes == 0 {
+        return Finding::bad(
+            "swap",
+            Need::Optional,
+            format!("no swap: idle sandboxes are frozen but keep their memory ({reclaim}; {gain}, all of which would stay in memory)"),
+            "add swap, e.g. zram: modprobe zram && echo lz4 > /sys/block/zram0/comp_algorithm && echo 8G > /sys/block/zram0/disksize && mkswap /dev/zram0 && swapon -p 100 /dev/zram0 (see docs/operations.md, \"Hibernation\")",
+        );
+    }
+    let what = match s.kind() {
+        "zram" => "zram (compressed in memory: reclaim frees what the compression saves, see docs/performance.md)",
+        "disk" => "disk (reclaim frees nearly all of it)",
+        _ => "zram and disk",
+    };
+    Finding::ok(
+        "swap",
+        Need::Optional,
+        format!(
+            "{what}, {} MiB, {} MiB free; {reclaim}; {gain}",
+            s.total_bytes >> 20,
+            s.free_bytes >> 20
+        ),
+    )
 }
 
 /// Whether sandboxes would get user namespaces: the daemon's own start-up

@@ -352,6 +352,7 @@ async fn run_async(mut cfg: Config, mut sd: SystemdEnv) -> anyhow::Result<()> {
         limits: cfg.limits,
         delete_grace: Duration::from_secs(cfg.delete_grace_seconds),
         stop_timeout: Duration::from_secs(cfg.stop_timeout_seconds),
+        ladder: cfg.idle.ladder(),
         allowed_images: cfg
             .images
             .allowed

@@ -4,10 +4,12 @@
 //! (its id and generation, [`SandboxRef`]: the generation fence) and its
 //! activity, and enforces the identity check on create, generation-fenced
 //! deletes, per-id serialization of create/delete, operation pins for
-//! proxy requests, the idle reaper and the quiesce gate. The records
-//! themselves (identity, status, OOM flag) are the [`Backend`]'s: every one
-//! is read from it ([`Backend::status`]). It knows nothing about HTTP or
-//! about how a sandbox is made.
+//! proxy requests, the idle reaper (and the hibernation ladder's steps:
+//! [`idle`]), waking a frozen sandbox before anything reaches it, and the
+//! quiesce gate. The records themselves (identity, status, OOM flag, place
+//! on the ladder) are the [`Backend`]'s: every one is read from it
+//! ([`Backend::status`]). It knows nothing about HTTP or about how a
+//! sandbox is made.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -20,7 +22,7 @@ use sandbox_abi::request::ResourceLimits;
 use tokio::sync::Notify;
 use tracing::{info, warn, Instrument};
 
-use crate::backend::{Backend, BackendError, SandboxRef, Upstream};
+use crate::backend::{Backend, BackendError, Running, SandboxRef, Upstream};
 use crate::metrics::Metrics;
 use crate::model::{
     validate_sandbox_id, CreateRequest, SandboxRecord, SandboxSpec, SandboxStatus, ValidationError,
@@ -33,6 +35,7 @@ mod tests;
 
 use idle::Activity;
 pub(crate) use idle::Observation;
+pub use idle::{IdleConfig, Ladder};
 pub use locks::{IdLocks, ProxyGuard};
 
 /// How many deletes `stop_all` runs at once.
@@ -97,6 +100,9 @@ pub struct Settings {
     pub stop_timeout: Duration,
     /// `[images] allowed`, normalized: the references a create may name.
     pub allowed_images: Vec<String>,
+    /// `[idle]`: the hibernation ladder's steps (taken only when the
+    /// backend can freeze) and the busy threshold.
+    pub ladder: Ladder,
 }
 
 /// One admitted incarnation (read and written with the table's lock held)
@@ -351,12 +357,15 @@ impl Lifecycle {
     }
 
     /// Adopts everything the backend already runs (start-up). Each is
-    /// tracked as active "now".
+    /// tracked as active "now" (its idle time starts again; one frozen or
+    /// reclaimed stays so, as its record says, until a request wakes it).
     pub async fn adopt_existing(&self) -> Result<usize, BackendError> {
         let found = self.backend.list().await?;
         let n = found.len();
         for record in &found {
-            info!(sandbox_id = %record.sandbox_id, generation = %record.generation, "adopted sandbox");
+            let idle_state = record.idle.map_or("none", |m| m.state.as_str());
+            info!(sandbox_id = %record.sandbox_id, generation = %record.generation, idle_state,
+                  "adopted sandbox");
             self.track(record);
         }
         Ok(n)
@@ -394,6 +403,8 @@ impl Lifecycle {
                 if let Some(existing) = existing.filter(|_| status == SandboxStatus::Running) {
                     tracing::Span::current().record("generation", existing.generation.as_str());
                     self.touch(&id);
+                    // Frozen or reclaimed: woken, as by a request.
+                    let existing = self.awake(existing).await?;
                     info!(generation = %existing.generation, "reusing running sandbox");
                     return Ok(existing);
                 }
@@ -431,7 +442,8 @@ impl Lifecycle {
         .await
     }
 
-    /// Discover: the record as the backend has it now. Counts as activity.
+    /// Discover: the record as the backend has it now. Counts as activity,
+    /// and wakes a frozen or reclaimed sandbox (as a proxied request does).
     /// A sandbox that is not running is absent (404, not activity), as the
     /// provisioner the platform's client was written for answered: the
     /// client then drops its cached connection and creates a new one.
@@ -445,7 +457,76 @@ impl Lifecycle {
             .filter(|r| r.status == SandboxStatus::Running)
             .ok_or(LifecycleError::NotFound)?;
         self.touch_generation(id, &fresh.generation);
-        Ok(fresh)
+        self.awake(fresh).await
+    }
+
+    /// `record` (read for an answer) once its incarnation is awake: as it
+    /// is when it was not asleep; else woken like a proxied request
+    /// (admitted through the id's gate, so a delete either waits for the
+    /// wake or the wake finds the sandbox gone; only that incarnation: a
+    /// successor is never woken) and read again.
+    async fn awake(&self, record: SandboxRecord) -> Result<SandboxRecord, LifecycleError> {
+        if !record.idle.is_some_and(|m| m.state.asleep()) {
+            return Ok(record);
+        }
+        let sandbox = SandboxRef::of(&record);
+        drop(
+            self.pin_inner(&sandbox.sandbox_id, &mut None, Some(&sandbox.generation))
+                .await?,
+        );
+        self.read(sandbox)
+            .await
+            .filter(|r| r.status == SandboxStatus::Running)
+            .ok_or(LifecycleError::NotFound)
+    }
+
+    /// Wakes the incarnation of a pinned request (its backend said asleep):
+    /// concurrent requests share one thaw (the backend's: the first does
+    /// it, the others wait for it and find it awake). Counted and logged
+    /// once, by the one that woke it.
+    async fn wake(&self, pin: &ProxyPin) -> Result<(), LifecycleError> {
+        let started = Instant::now();
+        let sandbox = &pin.sandbox;
+        match self.backend.wake(sandbox).await {
+            Ok(Some(from)) => {
+                let took = started.elapsed();
+                pin.activity.woken();
+                self.metrics.wake(from.as_str(), took.as_secs_f64());
+                info!(sandbox_id = %sandbox.sandbox_id, generation = %sandbox.generation,
+                      from = from.as_str(), wake_us = took.as_micros() as u64, "sandbox woken");
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                warn!(sandbox_id = %sandbox.sandbox_id, generation = %sandbox.generation, error = %e,
+                      "cannot wake the sandbox");
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The ladder in force: `[idle]`'s, without the freeze and reclaim
+    /// when the backend cannot freeze.
+    pub fn ladder(&self) -> Ladder {
+        match self.backend.can_freeze() {
+            true => self.settings.ladder,
+            false => self.settings.ladder.without_steps(),
+        }
+    }
+
+    /// Counts of `records` by place on the hibernation ladder for
+    /// `/metrics`; none when the backend cannot freeze (no series).
+    pub fn idle_counts(&self, records: &[SandboxRecord]) -> Vec<(&'static str, i64)> {
+        if !self.backend.can_freeze() {
+            return Vec::new();
+        }
+        let mut counts = [("active", 0i64), ("frozen", 0), ("reclaimed", 0)];
+        for m in records.iter().filter_map(|r| r.idle) {
+            if let Some(c) = counts.iter_mut().find(|(k, _)| *k == m.state.as_str()) {
+                c.1 += 1;
+            }
+        }
+        counts.to_vec()
     }
 
     /// Counts in the metrics each OOM kill the backend reported of a
@@ -660,7 +741,23 @@ impl Lifecycle {
         id: &str,
         cache: &mut Option<PinCache>,
     ) -> Result<ProxyPin, LifecycleError> {
-        if let Some(c) = cache.as_ref().filter(|c| c.hold.id() == id) {
+        self.pin_inner(id, cache, None).await
+    }
+
+    /// [`pin_cached`](Self::pin_cached), admitting only the incarnation
+    /// `expect` when given (absent otherwise: nothing of another
+    /// incarnation is touched, nor woken).
+    async fn pin_inner(
+        &self,
+        id: &str,
+        cache: &mut Option<PinCache>,
+        expect: Option<&str>,
+    ) -> Result<ProxyPin, LifecycleError> {
+        let expected = |s: &SandboxRef| expect.is_none_or(|g| g == s.generation);
+        if let Some(c) = cache
+            .as_ref()
+            .filter(|c| c.hold.id() == id && expected(&c.sandbox))
+        {
             if let Some(guard) = c.hold.try_pin(&c.watch) {
                 // Entered before any delete of it closed the gate (which
                 // then waits for this request), or after the delete and
@@ -691,8 +788,8 @@ impl Lifecycle {
             // seen below.
             let version = hold.version();
             let (sandbox, activity) = match self.table().get(id) {
-                Some(t) => (t.sandbox.clone(), t.activity.clone()),
-                None => return Err(LifecycleError::NotFound),
+                Some(t) if expected(&t.sandbox) => (t.sandbox.clone(), t.activity.clone()),
+                _ => return Err(LifecycleError::NotFound),
             };
             let guard = hold.pin(&watch).await;
             // A delete (or a new incarnation) may have come while we waited.
@@ -717,15 +814,26 @@ impl Lifecycle {
         }
     }
 
-    /// The last step of an admission: the sandbox must be running.
+    /// The last step of an admission: the sandbox must be running, and is
+    /// woken first when it is frozen or reclaimed (before anything is
+    /// forwarded).
     async fn admit(
         &self,
         mut pin: ProxyPin,
         cache: &mut Option<PinCache>,
     ) -> Result<ProxyPin, LifecycleError> {
-        if !self.backend.running(&pin.sandbox).await {
-            *cache = None;
-            return Err(LifecycleError::NotFound);
+        match self.backend.running(&pin.sandbox).await {
+            Running::Yes => {}
+            Running::Asleep => {
+                if let Err(e) = self.wake(&pin).await {
+                    *cache = None;
+                    return Err(e);
+                }
+            }
+            Running::No => {
+                *cache = None;
+                return Err(LifecycleError::NotFound);
+            }
         }
         pin.admitted = Instant::now();
         pin.touch_at(pin.admitted);
@@ -842,23 +950,6 @@ impl Lifecycle {
         }
         self.backend.settle().await;
         deleted.load(Ordering::SeqCst)
-    }
-
-    /// Snapshot for the reaper.
-    pub(crate) fn observe(&self) -> Vec<Observation> {
-        let now = self.now_ms();
-        self.table()
-            .values()
-            .map(|t| Observation {
-                id: t.sandbox.sandbox_id.clone(),
-                generation: t.sandbox.generation.clone(),
-                touches: t.activity.touches(),
-                since_active: Duration::from_millis(
-                    now.saturating_sub(t.activity.last_active_ms()),
-                ),
-                inflight: self.locks.inflight(&t.sandbox.sandbox_id),
-            })
-            .collect()
     }
 
     /// Reaper delete: fenced on the observed generation and skipped when

@@ -27,15 +27,6 @@ const NO_LIMITS: Resources = Resources {
     pids: 0,
 };
 
-/// An (empty) cgroup directory, removed on drop.
-struct Rm(PathBuf);
-
-impl Drop for Rm {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 /// A test parent cgroup, removed (with everything in it) on drop.
 struct TestRoot {
     root: CgroupRoot,
@@ -94,6 +85,16 @@ impl Drop for TestRoot {
         for d in self.dirs(None) {
             let _ = std::fs::remove_dir(&d);
         }
+    }
+}
+
+/// A directory removed (`rmdir`) on drop: a test parent made outside
+/// [`TestRoot`]'s hierarchies.
+struct Rm(PathBuf);
+
+impl Drop for Rm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 
@@ -425,4 +426,132 @@ fn the_device_program_enforces_the_allow_list() {
     cg.kill_all().unwrap();
     cg.remove().unwrap();
     assert!(!dir.exists());
+}
+
+/// What the kernel says of `cg`'s freezer, read from its own file (not
+/// through the code under test): v1 `freezer.state` is `FROZEN`, v2
+/// `cgroup.events` has `frozen 1`.
+fn kernel_frozen(dir: &Path, layout: Layout) -> bool {
+    if layout == Layout::V2 {
+        let events = std::fs::read_to_string(dir.join("cgroup.events")).unwrap();
+        return events.lines().any(|l| l == "frozen 1");
+    }
+    std::fs::read_to_string(dir.join("freezer.state"))
+        .unwrap()
+        .trim()
+        == "FROZEN"
+}
+
+/// Freeze, thaw and a kill while frozen of a real process in `cg` (whose
+/// freezer directory is `dir`): the kernel reports the cgroup frozen, a
+/// line written to the process while frozen is answered once thawed (the
+/// same process, its state intact), and `kill_all` of a frozen cgroup
+/// kills it without a thaw first (v1 thaws after the signal; v2
+/// `cgroup.kill` reaches frozen tasks).
+fn freeze_thaw_kill(cg: &SandboxCgroup, dir: &Path, layout: Layout) {
+    use std::io::{BufRead, BufReader};
+    // A failed assertion leaves no frozen process behind (holding the
+    // test's output pipe open).
+    struct Thaw<'a>(&'a SandboxCgroup);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.thaw();
+            let _ = self.0.kill_all();
+        }
+    }
+    let _thaw = Thaw(cg);
+    let mut echo = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("n=0; while read l; do n=$((n+1)); echo \"$n $l\"; done")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    enter(cg, &echo);
+    let mut stdin = echo.stdin.take().unwrap();
+    let mut out = BufReader::new(echo.stdout.take().unwrap());
+    let ask = |stdin: &mut ChildStdin, what: &str| {
+        stdin.write_all(format!("{what}\n").as_bytes()).unwrap();
+    };
+    let mut answer = || {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        l
+    };
+    ask(&mut stdin, "before");
+    assert_eq!(answer(), "1 before\n");
+
+    assert!(!cg.is_frozen().unwrap());
+    cg.freeze().unwrap();
+    assert!(kernel_frozen(dir, layout), "the kernel does not say frozen");
+    assert!(cg.is_frozen().unwrap());
+    // Written while frozen, answered after the thaw by the same process
+    // (its count goes on).
+    ask(&mut stdin, "while-frozen");
+    let start = Instant::now();
+    cg.thaw().unwrap();
+    println!("{layout:?} thaw took {:?}", start.elapsed());
+    assert!(!kernel_frozen(dir, layout), "still frozen after the thaw");
+    assert!(!cg.is_frozen().unwrap());
+    assert_eq!(answer(), "2 while-frozen\n");
+
+    // Killed while frozen: no thaw needed first.
+    cg.freeze().unwrap();
+    assert!(kernel_frozen(dir, layout));
+    cg.kill_all().unwrap();
+    let st = echo.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
+    assert!(cg.pids().unwrap().is_empty());
+}
+
+/// The freezer of the host's layout (v1 `freezer.state` on a hybrid
+/// host, v2 `cgroup.freeze` on a pure v2 one) on a real process.
+#[test]
+fn freeze_thaw_and_kill_while_frozen() {
+    let Some(t) = TestRoot::new() else { return };
+    let sid = id("frz");
+    let cg = t.root.create(&sid, &LIMITS).unwrap();
+    let layout = t.root.layout();
+    let dir = match layout {
+        Layout::V2 => Path::new("/sys/fs/cgroup").join(&t.parent).join(&sid),
+        _ => Path::new("/sys/fs/cgroup/freezer")
+            .join(&t.parent)
+            .join(&sid),
+    };
+    freeze_thaw_kill(&cg, &dir, layout);
+    cg.remove().unwrap();
+}
+
+/// The v2 freezer (`cgroup.freeze`, `cgroup.events`) and `cgroup.kill` of
+/// a frozen cgroup on a real kernel, also on a hybrid host: they are core
+/// v2 files, present in the unified hierarchy without any controller.
+/// (`memory.reclaim` needs the memory controller: fake-tree unit tests in
+/// `sandbox-cgroups`.)
+#[test]
+fn v2_freeze_thaw_and_kill_while_frozen_on_the_unified_hierarchy() {
+    let Some(t) = TestRoot::new() else { return };
+    let (root, dir) = match t.root.layout() {
+        Layout::V2 => (None, Path::new("/sys/fs/cgroup").to_path_buf()),
+        Layout::Hybrid => {
+            let unified = Path::new("/sys/fs/cgroup/unified");
+            let v2 = CgroupRoot::with_root(unified, Layout::V2, &t.parent);
+            (Some(v2), unified.to_path_buf())
+        }
+        Layout::V1 => {
+            println!("SKIP: no cgroup v2 hierarchy on this host");
+            return;
+        }
+    };
+    let root = root.as_ref().unwrap_or(&t.root);
+    let _rm = Rm(dir.join(&t.parent));
+    let sid = id("v2frz");
+    let cg = root.create(&sid, &NO_LIMITS).unwrap();
+    let cgdir = dir.join(&t.parent).join(&sid);
+    assert!(
+        cgdir.join("cgroup.freeze").exists(),
+        "kernel without cgroup.freeze"
+    );
+    freeze_thaw_kill(&cg, &cgdir, Layout::V2);
+    cg.remove().unwrap();
+    assert!(!cgdir.exists());
 }

@@ -50,6 +50,7 @@ mod native_client;
 mod native_devices;
 mod native_durability;
 mod native_etc;
+mod native_hibernate;
 mod native_isolation;
 mod native_parity;
 mod native_pool;

@@ -20,7 +20,7 @@ use serde_json::json;
 
 /// Everything a sandbox could leak on the host.
 #[derive(Debug, PartialEq, Eq)]
-struct Snapshot {
+pub(crate) struct Snapshot {
     /// "pid cmdline" of processes in the test's cgroup parent or children
     /// of the daemon.
     processes: BTreeSet<String>,
@@ -56,7 +56,7 @@ pub(crate) fn sandbox_pids(dirs: &NativeDirs) -> Vec<u32> {
         .collect()
 }
 
-fn snapshot(dirs: &NativeDirs, state: &Path, daemon: Option<u32>) -> Snapshot {
+pub(crate) fn snapshot(dirs: &NativeDirs, state: &Path, daemon: Option<u32>) -> Snapshot {
     let mut pids: BTreeSet<u32> = sandbox_pids(dirs).into_iter().collect();
     if let Some(d) = daemon {
         for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
@@ -116,7 +116,7 @@ fn snapshot(dirs: &NativeDirs, state: &Path, daemon: Option<u32>) -> Snapshot {
 
 /// Waits (bounded) until the snapshot equals `before`; the kernel tears
 /// namespaces and cgroups of killed processes down asynchronously.
-fn assert_no_leak(
+pub(crate) fn assert_no_leak(
     dirs: &NativeDirs,
     state: &Path,
     daemon: Option<u32>,

@@ -284,6 +284,55 @@ impl SandboxStatus {
     }
 }
 
+/// Where a running sandbox is on the hibernation ladder (the native
+/// backend's; the daemon's idle rule decides the steps, the backend takes
+/// them). `status` stays `running` on every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum IdleState {
+    /// Running as usual.
+    Active,
+    /// Its cgroup is frozen: no CPU, memory kept.
+    Frozen,
+    /// Frozen, and its memory pushed to swap.
+    Reclaimed,
+}
+
+impl IdleState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleState::Active => "active",
+            IdleState::Frozen => "frozen",
+            IdleState::Reclaimed => "reclaimed",
+        }
+    }
+
+    /// Frozen or reclaimed: a request must wake it first.
+    pub fn asleep(self) -> bool {
+        self != IdleState::Active
+    }
+}
+
+/// An idle state and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct IdleMark {
+    pub state: IdleState,
+    /// Unix seconds.
+    pub since: u64,
+}
+
+impl IdleMark {
+    /// `state` from now on.
+    pub fn now(state: IdleState) -> IdleMark {
+        IdleMark {
+            state,
+            since: unix_now(),
+        }
+    }
+}
+
 /// One incarnation of a sandbox as a backend describes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxRecord {
@@ -297,6 +346,10 @@ pub struct SandboxRecord {
     /// Set when a process of the sandbox was killed by the OOM killer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_killed: Option<bool>,
+    /// Where it is on the hibernation ladder, while it runs on a backend
+    /// that has one (native); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleMark>,
 }
 
 /// A fresh random generation: 128 bits, lowercase hex.

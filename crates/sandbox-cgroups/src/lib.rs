@@ -5,7 +5,7 @@
 //! layout (v1 controllers plus an empty cgroup2 mount: handled exactly like v1).
 //!
 //! `libcgroups` does the heavy lifting (applying limits, attaching tasks,
-//! freezing, removal, pid listing). This module adds what it lacks: layout
+//! removal, pid listing). This module adds what it lacks: layout
 //! detection that also works on a fake tree, creating the cgroup before any
 //! task joins it, `memory.swap.max = 0` on v2, `cgroup.kill`, OOM counters,
 //! reading limits back, listing/removing orphans, and the device allow-list
@@ -33,7 +33,7 @@ use std::path::PathBuf;
 pub use layout::{parse_layout, Layout, Mounts};
 pub use leaf::{move_self_to_leaf, move_self_to_leaf_if_delegated};
 pub use root::{CgroupParent, CgroupRoot};
-pub use sandbox::SandboxCgroup;
+pub use sandbox::{MemoryUsage, Reclaim, SandboxCgroup, FREEZE_TIMEOUT};
 
 use oci_spec::runtime::{LinuxCpuBuilder, LinuxMemoryBuilder, LinuxPidsBuilder, LinuxResources};
 use sandbox_abi::model::Resources;
@@ -100,11 +100,6 @@ pub enum CgroupError {
     },
     #[error("cannot list the pids of sandbox {id}: {source}")]
     ListPids {
-        id: String,
-        source: Box<libcgroups::common::AnyManagerError>,
-    },
-    #[error("cannot freeze or thaw the cgroup of sandbox {id}: {source}")]
-    Freeze {
         id: String,
         source: Box<libcgroups::common::AnyManagerError>,
     },

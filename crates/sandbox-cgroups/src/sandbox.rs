@@ -4,9 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use libcgroups::common::{
-    AnyCgroupManager, AnyManagerError, CgroupManager, ControllerOpt, FreezerState,
-};
+use libcgroups::common::{AnyCgroupManager, AnyManagerError, CgroupManager, ControllerOpt};
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -19,6 +17,40 @@ use sandbox_abi::model::Resources;
 /// How long [`SandboxCgroup::kill_all`] waits for the cgroup to empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 const KILL_POLL: Duration = Duration::from_millis(10);
+/// How long [`SandboxCgroup::freeze`] waits for the kernel to report the
+/// cgroup frozen.
+pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A sandbox's memory as its cgroup counts it, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryUsage {
+    /// All memory charged to it.
+    pub bytes: u64,
+    /// Its anonymous and shared-memory (tmpfs) part: what only swap takes.
+    pub anon: u64,
+    /// Its pages in swap (v2 `memory.swap.current`, v1 `total_swap`).
+    pub swap: u64,
+}
+
+/// What [`SandboxCgroup::reclaim`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaim {
+    pub before: MemoryUsage,
+    pub after: MemoryUsage,
+}
+
+impl Reclaim {
+    /// Bytes the cgroup holds less than before.
+    pub fn reclaimed(&self) -> u64 {
+        self.before.bytes.saturating_sub(self.after.bytes)
+    }
+
+    /// Anonymous bytes still in memory that were there before: what swap
+    /// could not take (full, or none).
+    pub fn anon_left(&self) -> u64 {
+        self.after.anon.min(self.before.anon)
+    }
+}
 
 /// Builds libcgroups' manager of one sandbox (`None`: v1 over a fake tree).
 pub(crate) type MakeManager =
@@ -32,7 +64,7 @@ pub(crate) type MakeManager =
 /// v1 manager re-reads `/proc/self/mountinfo` and `/proc/self/cgroup` for
 /// every controller it looks up and warns about each controller this host
 /// lacks, on every construction. It is built only for what still goes
-/// through it (v2 limits and freezing), on first use.
+/// through it (v2 limits), on first use.
 pub struct SandboxCgroup {
     id: String,
     layout: Layout,
@@ -117,7 +149,7 @@ impl SandboxCgroup {
         if let Some(f) = kill_file {
             files::write(&f, "1")?;
         } else {
-            let frozen = match self.freeze(FreezerState::Frozen) {
+            let frozen = match self.set_frozen(true) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(sandbox_id = %self.id, error = %e, "cannot freeze; killing unfrozen");
@@ -126,7 +158,7 @@ impl SandboxCgroup {
             };
             let killed = self.signal_all();
             if frozen {
-                self.freeze(FreezerState::Thawed)?;
+                self.set_frozen(false)?;
             }
             killed?;
         }
@@ -349,39 +381,143 @@ impl SandboxCgroup {
         }
     }
 
-    fn freeze(&self, state: FreezerState) -> Result<(), CgroupError> {
-        if self.layout.uses_v1() {
-            return self.freeze_v1(state == FreezerState::Frozen);
-        }
-        self.manager("freeze")?
-            .freeze(state)
-            .map_err(|e| self.boxed(e, |id, source| CgroupError::Freeze { id, source }))
+    /// Freezes every process of the sandbox (v1 `freezer.state`, v2
+    /// `cgroup.freeze`) and returns once the kernel reports the cgroup
+    /// frozen: no task of it runs until [`thaw`](Self::thaw); its memory
+    /// stays. A freeze that does not complete within [`FREEZE_TIMEOUT`]
+    /// (a task stuck in an uninterruptible sleep) is undone and an error.
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        self.set_frozen(true)
     }
 
-    /// v1 `freezer.state`: a freeze is over once it reads `FROZEN` (a
-    /// task in an uninterruptible sleep can keep it `FREEZING` a while;
-    /// the write is repeated then, as runc does).
-    fn freeze_v1(&self, frozen: bool) -> Result<(), CgroupError> {
-        let f = self.file("freezer", "freezer.state")?;
-        if !frozen {
-            return files::write(&f, "THAWED");
+    /// Thaws the sandbox (see [`freeze`](Self::freeze)); thawing one that is
+    /// not frozen is fine.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        self.set_frozen(false)
+    }
+
+    /// Whether the sandbox is frozen, or being frozen: v1 `freezer.state`
+    /// other than `THAWED`, v2 `cgroup.freeze` 1.
+    pub fn is_frozen(&self) -> Result<bool, CgroupError> {
+        if self.layout.uses_v1() {
+            let f = self.file("freezer", "freezer.state")?;
+            return Ok(files::read(&f)?.trim() != "THAWED");
         }
+        let f = self.file("memory", "cgroup.freeze")?;
+        Ok(files::read(&f)?.trim() == "1")
+    }
+
+    /// v1 `freezer.state`: a freeze is over once it reads `FROZEN` (a task
+    /// in an uninterruptible sleep can keep it `FREEZING` a while; the
+    /// write is repeated then, as runc does). v2 `cgroup.freeze`: once
+    /// `cgroup.events` says `frozen 1` (the kernel freezes each task when
+    /// it next leaves the kernel). A thaw is one write either way.
+    fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
+        let v1 = self.layout.uses_v1();
+        let (f, on, off) = if v1 {
+            (self.file("freezer", "freezer.state")?, "FROZEN", "THAWED")
+        } else {
+            (self.file("memory", "cgroup.freeze")?, "1", "0")
+        };
+        if !frozen {
+            return files::write(&f, off);
+        }
+        let events = match v1 {
+            true => None,
+            false => Some(self.file("memory", "cgroup.events")?),
+        };
         let start = Instant::now();
+        files::write(&f, on)?;
         loop {
-            files::write(&f, "FROZEN")?;
-            if files::read(&f)?.trim() == "FROZEN" {
+            let done = match &events {
+                None => files::read(&f)?.trim() == "FROZEN",
+                Some(e) => files::flat_keyed(&files::read(e)?, "frozen") == Some(1),
+            };
+            if done {
                 return Ok(());
             }
-            if start.elapsed() > Duration::from_secs(1) {
-                let _ = files::write(&f, "THAWED");
+            if start.elapsed() > FREEZE_TIMEOUT {
+                let _ = files::write(&f, off);
                 return Err(CgroupError::WriteFile {
                     path: f,
-                    value: "FROZEN".into(),
-                    source: std::io::Error::other("still FREEZING after 1 s"),
+                    value: on.into(),
+                    source: std::io::Error::other(format!("not frozen after {FREEZE_TIMEOUT:?}")),
                 });
             }
             std::thread::sleep(Duration::from_millis(1));
+            if v1 {
+                files::write(&f, on)?;
+            }
         }
+    }
+
+    /// The memory charged to the sandbox and how much of it is anonymous
+    /// (what only swap can take): v2 `memory.current` and `memory.stat`
+    /// `anon` + `shmem`; v1 `memory.usage_in_bytes` and `memory.stat`
+    /// `total_rss` + `total_shmem`.
+    pub fn memory_usage(&self) -> Result<MemoryUsage, CgroupError> {
+        let (current, keys) = match self.layout {
+            Layout::V2 => ("memory.current", ["anon", "shmem"]),
+            Layout::V1 | Layout::Hybrid => ("memory.usage_in_bytes", ["total_rss", "total_shmem"]),
+        };
+        let bytes = files::read_u64(&self.file("memory", current)?)?;
+        let stat = files::read(&self.file("memory", "memory.stat")?)?;
+        let anon = keys
+            .iter()
+            .map(|k| files::flat_keyed(&stat, k).unwrap_or(0))
+            .sum();
+        let swap = match self.layout {
+            Layout::V2 => self
+                .file("memory", "memory.swap.current")
+                .and_then(|p| files::read_u64(&p))
+                .unwrap_or(0),
+            Layout::V1 | Layout::Hybrid => files::flat_keyed(&stat, "total_swap").unwrap_or(0),
+        };
+        Ok(MemoryUsage { bytes, anon, swap })
+    }
+
+    /// Pushes the sandbox's memory out (call it frozen): anonymous pages to
+    /// swap, file pages dropped. v2: `memory.reclaim` of all it holds, with
+    /// `memory.swap.max` opened for the write and put back right after
+    /// (sandboxes run without swap: the limit stays in force for them; the
+    /// pages already out come back on demand). v1: `memory.force_empty`,
+    /// which reclaims with swap whatever `memory.memsw.limit_in_bytes` says
+    /// (a swapped-out page keeps its memory+swap charge) and, like
+    /// `memory.reclaim`, never OOM-kills: what cannot go (swap full) stays.
+    /// Both run in the caller, which waits until the kernel is done.
+    pub fn reclaim(&self) -> Result<Reclaim, CgroupError> {
+        let before = self.memory_usage()?;
+        if self.layout == Layout::V2 {
+            let swap_max = self.file("memory", "memory.swap.max")?;
+            let saved = if swap_max.exists() {
+                let v = files::read(&swap_max)?.trim().to_string();
+                files::write(&swap_max, "max")?;
+                Some(v)
+            } else {
+                None
+            };
+            let reclaim = self.file("memory", "memory.reclaim")?;
+            // EAGAIN: less than asked for could go (kernel memory never
+            // does): what went is read below.
+            let r = match files::write(&reclaim, &before.bytes.max(1).to_string()) {
+                Err(CgroupError::WriteFile { source, .. })
+                    if source.raw_os_error() == Some(Errno::EAGAIN as i32) =>
+                {
+                    Ok(())
+                }
+                other => other,
+            };
+            if let Some(v) = saved {
+                let restored = files::write(&swap_max, if v.is_empty() { "0" } else { &v });
+                r.and(restored)?;
+            } else {
+                r?;
+            }
+        } else {
+            files::write(&self.file("memory", "memory.force_empty")?, "0")?;
+        }
+        let after = self.memory_usage()?;
+        Ok(Reclaim { before, after })
     }
 
     /// SIGKILLs every listed process; ESRCH (already gone) is fine.

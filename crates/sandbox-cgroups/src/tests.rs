@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::layout::parse_layout;
 use super::leaf::{move_to_leaf, started_in_unit_root};
@@ -522,4 +522,123 @@ fn a_new_cpuset_is_never_left_empty_by_a_concurrent_parent() {
         assert_eq!(fs::read_to_string(d.join("cpuset.cpus")).unwrap(), "0-1");
         assert_eq!(fs::read_to_string(d.join("cpuset.mems")).unwrap(), "0");
     }
+}
+
+/// A fake v2 sandbox cgroup `sandboxd/abc` with the freezer and reclaim
+/// files (`cgroup.events` saying `frozen {frozen_event}`): the temporary
+/// root, the cgroup's directory and the opened cgroup.
+fn fake_v2_hibernation(frozen_event: u8) -> (tempfile::TempDir, PathBuf, SandboxCgroup) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sandboxd/abc");
+    fake_v2_dir(&dir, "", "");
+    for (name, value) in [
+        ("cgroup.freeze", "0\n".to_string()),
+        (
+            "cgroup.events",
+            format!("populated 1\nfrozen {frozen_event}\n"),
+        ),
+        ("memory.current", "104857600\n".into()),
+        (
+            "memory.stat",
+            "anon 94371840\nfile 8388608\nshmem 1048576\n".into(),
+        ),
+        ("memory.swap.current", "0\n".into()),
+        ("memory.swap.max", "0\n".into()),
+        ("memory.reclaim", "".into()),
+    ] {
+        fs::write(dir.join(name), value).unwrap();
+    }
+    let root = CgroupRoot::with_root(tmp.path(), Layout::V2, "sandboxd");
+    let cg = root.open("abc").unwrap().unwrap();
+    (tmp, dir, cg)
+}
+
+#[test]
+fn v2_freeze_waits_for_frozen_and_thaws() {
+    let (_tmp, dir, cg) = fake_v2_hibernation(1);
+    assert!(!cg.is_frozen().unwrap());
+    cg.freeze().unwrap();
+    let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap();
+    assert_eq!(read("cgroup.freeze"), "1");
+    assert!(cg.is_frozen().unwrap());
+    cg.thaw().unwrap();
+    assert_eq!(read("cgroup.freeze"), "0");
+    assert!(!cg.is_frozen().unwrap());
+}
+
+#[test]
+fn v2_a_freeze_the_kernel_does_not_complete_is_undone() {
+    // cgroup.events never says frozen (a task stuck in the kernel).
+    let (_tmp, dir, cg) = fake_v2_hibernation(0);
+    let e = cg.freeze().unwrap_err().to_string();
+    assert!(e.contains("not frozen"), "{e}");
+    assert_eq!(
+        fs::read_to_string(dir.join("cgroup.freeze")).unwrap(),
+        "0",
+        "left frozen"
+    );
+}
+
+#[test]
+fn v2_reclaim_opens_swap_for_the_write_only() {
+    let (_tmp, dir, cg) = fake_v2_hibernation(1);
+    let usage = cg.memory_usage().unwrap();
+    assert_eq!(
+        usage,
+        MemoryUsage {
+            bytes: 100 << 20,
+            anon: (90 << 20) + (1 << 20),
+            swap: 0
+        }
+    );
+    let r = cg.reclaim().unwrap();
+    let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap();
+    // All it held was asked for; the sandbox's no-swap limit is back.
+    assert_eq!(read("memory.reclaim"), (100u64 << 20).to_string());
+    assert_eq!(read("memory.swap.max"), "0");
+    // A fake file does not move: nothing reclaimed, all anon left.
+    assert_eq!(r.reclaimed(), 0);
+    assert_eq!(r.anon_left(), usage.anon);
+    // Without swap accounting (no memory.swap.max) the write still goes.
+    fs::remove_file(dir.join("memory.swap.max")).unwrap();
+    fs::write(dir.join("memory.reclaim"), "").unwrap();
+    cg.reclaim().unwrap();
+    assert_eq!(read("memory.reclaim"), (100u64 << 20).to_string());
+}
+
+#[test]
+fn v1_freeze_and_reclaim_over_fake_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path();
+    fake_v1(r, "freezer", &[("freezer.state", "THAWED\n")]);
+    fake_v1(
+        r,
+        "memory",
+        &[
+            ("memory.usage_in_bytes", "52428800\n"),
+            (
+                "memory.stat",
+                "cache 0\nrss 0\ntotal_cache 4194304\ntotal_rss 41943040\ntotal_shmem 0\ntotal_swap 1048576\n",
+            ),
+            ("memory.force_empty", ""),
+        ],
+    );
+    let root = CgroupRoot::with_root(r, Layout::Hybrid, "sandboxd");
+    let cg = root.open("abc").unwrap().unwrap();
+    assert!(!cg.is_frozen().unwrap());
+    // A fake file keeps what was written: FROZEN at once.
+    cg.freeze().unwrap();
+    let state = r.join("freezer/sandboxd/abc/freezer.state");
+    assert_eq!(fs::read_to_string(&state).unwrap(), "FROZEN");
+    assert!(cg.is_frozen().unwrap());
+    let u = cg.memory_usage().unwrap();
+    assert_eq!((u.bytes, u.anon, u.swap), (50 << 20, 40 << 20, 1 << 20));
+    cg.reclaim().unwrap();
+    assert_eq!(
+        fs::read_to_string(r.join("memory/sandboxd/abc/memory.force_empty")).unwrap(),
+        "0"
+    );
+    cg.thaw().unwrap();
+    assert_eq!(fs::read_to_string(&state).unwrap(), "THAWED");
+    assert!(!cg.is_frozen().unwrap());
 }

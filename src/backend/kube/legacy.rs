@@ -69,6 +69,7 @@ pub fn record(pod: &Pod) -> Option<SandboxRecord> {
             .and_then(|t| u64::try_from(t.0.timestamp()).ok())
             .unwrap_or_else(unix_now),
         oom_killed: None,
+        idle: None,
     })
 }
 

@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use tokio::net::TcpStream;
 use tracing::{info, warn, Instrument};
 
-use super::{AgentCredential, Backend, BackendError, SandboxRef, Upstream};
+use super::{AgentCredential, Backend, BackendError, Running, SandboxRef, Upstream};
 use crate::backend::kube_config::ConnectMode;
 use crate::config::Config;
 use crate::model::{SandboxRecord, SandboxSpec, SandboxStatus};
@@ -417,16 +417,17 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
-    async fn running(&self, sandbox: &SandboxRef) -> bool {
+    async fn running(&self, sandbox: &SandboxRef) -> Running {
         let known = self
             .records()
             .get(&sandbox.sandbox_id)
             .filter(|r| r.generation == sandbox.generation)
             .map(|r| r.status);
-        match known {
+        let running = match known {
             Some(k) => self.current_status(sandbox, k).await == SandboxStatus::Running,
             None => false,
-        }
+        };
+        running.into()
     }
 
     async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>> {

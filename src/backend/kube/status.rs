@@ -119,6 +119,7 @@ pub fn record_from_pod(pod: &Pod) -> Option<SandboxRecord> {
         status: sandbox_status(pod_state(pod)),
         created_at,
         oom_killed: oom.then_some(true),
+        idle: None,
     })
 }
 

@@ -184,6 +184,7 @@ impl NativeBackend {
             network: None,
             userns: None,
             image: image.map(|i| i.digest.to_string()),
+            idle: None,
         };
         // The create span (lifecycle) carries it from here on.
         tracing::Span::current().record("generation", generation.as_str());

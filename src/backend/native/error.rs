@@ -106,6 +106,10 @@ pub enum NativeError {
     OtherGeneration { id: String },
     #[error("sandbox {id} is not running")]
     NotRunning { id: String },
+    /// A reclaim of a sandbox that is not frozen (the ladder reclaims only
+    /// a frozen one).
+    #[error("sandbox {id} is not frozen")]
+    NotFrozen { id: String },
     /// The network of the node (start-up) or of one sandbox (create).
     #[error(transparent)]
     Network(#[from] NetError),

@@ -8,7 +8,8 @@
 //! yet is seen too).
 //!
 //! A proxied request's [`Backend::running`] copies no record and reads no
-//! file: one lookup in the table and a `poll` of PID 1's pidfd.
+//! file: one lookup in the table (which also says whether the sandbox is
+//! asleep on the hibernation ladder) and a `poll` of PID 1's pidfd.
 //!
 //! [`Backend::status`]: crate::backend::Backend::status
 //! [`Backend::running`]: crate::backend::Backend::running
@@ -20,7 +21,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use super::oom::{self, Gate};
 use super::proc::ProcHandle;
 use super::watch::LiveMap;
-use crate::backend::SandboxRef;
+use crate::backend::{Running, SandboxRef};
 use crate::model::{SandboxRecord, SandboxStatus};
 
 /// Pidfds per `poll` (well under any open-file limit, which bounds `nfds`).
@@ -39,8 +40,10 @@ pub(super) fn status(
         oom::sync(gate, live);
     }
     let mut out: Vec<Option<SandboxRecord>> = Vec::with_capacity(sandboxes.len());
-    // Running per the table: PID 1's pidfd still to be polled.
+    // Running per the table: PID 1's pidfd still to be polled (and its
+    // idle state, which only a running sandbox has).
     let mut running: Vec<(usize, Arc<ProcHandle>)> = Vec::new();
+    let mut idle = Vec::new();
     {
         let map = live.lock();
         for (i, s) in sandboxes.iter().enumerate() {
@@ -50,18 +53,23 @@ pub(super) fn status(
             out.push(l.map(|l| {
                 if l.record.status == SandboxStatus::Running {
                     running.push((i, l.handle.clone()));
+                    idle.push(l.record.idle);
                 }
                 SandboxRecord {
                     status: SandboxStatus::Exited,
+                    idle: None,
                     ..l.record.clone()
                 }
             }));
         }
     }
+    let mut idle = idle.into_iter();
     for chunk in running.chunks(POLL_CHUNK) {
         for (i, alive) in chunk.iter().map(|(i, _)| *i).zip(alive(chunk)) {
+            let mark = idle.next().flatten();
             if let (true, Some(r)) = (alive, out[i].as_mut()) {
                 r.status = SandboxStatus::Running;
+                r.idle = mark;
             }
         }
     }
@@ -69,18 +77,23 @@ pub(super) fn status(
 }
 
 /// Whether the table has `sandbox`'s incarnation running and its PID 1 has
-/// not exited.
-pub(super) fn running(live: &LiveMap, sandbox: &SandboxRef) -> bool {
-    let handle = match live.lock().get(&sandbox.sandbox_id) {
+/// not exited, and whether it is asleep (frozen or reclaimed).
+pub(super) fn running(live: &LiveMap, sandbox: &SandboxRef) -> Running {
+    let (handle, asleep) = match live.lock().get(&sandbox.sandbox_id) {
         Some(l)
             if l.record.generation == sandbox.generation
                 && l.record.status == SandboxStatus::Running =>
         {
-            l.handle.clone()
+            let asleep = l.record.idle.is_some_and(|m| m.state.asleep());
+            (l.handle.clone(), asleep)
         }
-        _ => return false,
+        _ => return Running::No,
     };
-    !handle.exited()
+    match (handle.exited(), asleep) {
+        (true, _) => Running::No,
+        (false, true) => Running::Asleep,
+        (false, false) => Running::Yes,
+    }
 }
 
 /// Whether each process has not exited (no event on its pidfd), as

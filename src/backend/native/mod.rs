@@ -18,11 +18,12 @@ use async_trait::async_trait;
 use tracing::{info, warn};
 
 use super::{
-    Backend, BackendError, BackendMetrics, NetworkMetrics, SandboxNetwork, SandboxRef, Upstream,
+    Backend, BackendError, BackendMetrics, IdleSample, NetworkMetrics, ReclaimOutcome, Running,
+    SandboxNetwork, SandboxRef, SwapInfo, Upstream,
 };
 use crate::cgroups::{CgroupRoot, SandboxCgroup};
 use crate::config::Config;
-use crate::model::{NetworkMode, SandboxRecord, SandboxSpec, SandboxStatus};
+use crate::model::{IdleMark, IdleState, NetworkMode, SandboxRecord, SandboxSpec, SandboxStatus};
 use sandbox_abi::failpoint::{self, Point};
 
 pub mod bundle;
@@ -31,6 +32,7 @@ mod config;
 mod create;
 mod error;
 pub mod etc;
+pub mod hibernate;
 pub mod host;
 pub mod launch;
 mod listing;
@@ -73,6 +75,8 @@ struct Live {
     /// of this incarnation takes it before anything else, so the cleanup
     /// (by id: cgroup, bundle) is over before a new incarnation can exist.
     teardown: Arc<Mutex<()>>,
+    /// Its steps on the hibernation ladder and its wakes ([`hibernate`]).
+    steps: Arc<hibernate::Steps>,
 }
 
 impl Live {
@@ -92,6 +96,7 @@ impl Live {
             net,
             cgroup_key,
             teardown: Arc::default(),
+            steps: Arc::default(),
         }
     }
 }
@@ -274,6 +279,19 @@ impl NativeBackend {
     /// and a restart finishes the job. Never touches user files.
     fn destroy(&self, id: &str, handle: Option<&ProcHandle>) {
         self.sandboxes.outputs.remove(id);
+        let cgroup_key = self.cgroup_key(id);
+        // A frozen sandbox (hibernation) takes no signal until it is
+        // thawed (v1), and thawed first it would run again: every process
+        // of it is killed while frozen, then thawed (v2: `cgroup.kill`),
+        // so its delete takes no longer than an active one's.
+        if let Ok(Some(cg)) = self.sandboxes.cgroups.open(&cgroup_key) {
+            if cg.is_frozen().unwrap_or(false) {
+                if let Err(e) = cg.kill_all() {
+                    warn!(sandbox_id = %id, error = %e, "cannot kill the frozen sandbox's cgroup");
+                }
+                let _ = cg.thaw();
+            }
+        }
         if let Some(h) = handle {
             h.kill();
             if !h.wait_exit(Duration::from_secs(10)) {
@@ -281,7 +299,6 @@ impl NativeBackend {
             }
         }
         failpoint::hit(Point::DeleteAfterKill);
-        let cgroup_key = self.cgroup_key(id);
         kill_and_remove_cgroup(&self.sandboxes.cgroups, &cgroup_key);
         failpoint::hit(Point::DeleteAfterCgroup);
         // Its set element and veth (a crash before this point leaves them
@@ -351,10 +368,13 @@ impl NativeBackend {
                 // An exit cleanup of this incarnation still running ends
                 // first (it no longer finds the record and stops).
                 let _teardown = l.teardown.lock().unwrap_or_else(|e| e.into_inner());
-                if let Ok(Some(mut st)) = self.sandboxes.state.load(id) {
-                    st.phase = Phase::Deleting;
-                    let _ = self.sandboxes.state.update(&st);
-                }
+                // After (and instead of) a pending record of a wake.
+                l.steps.record.write_latest(|| {
+                    if let Ok(Some(mut st)) = self.sandboxes.state.load(id) {
+                        st.phase = Phase::Deleting;
+                        let _ = self.sandboxes.state.update(&st);
+                    }
+                });
                 failpoint::hit(Point::DeleteAfterState);
                 self.destroy(id, Some(&l.handle));
                 info!(sandbox_id = %id, pid = l.handle.pid, "sandbox destroyed");
@@ -412,6 +432,8 @@ fn record_of(st: &SandboxState, status: SandboxStatus) -> SandboxRecord {
         status,
         created_at: st.created_at,
         oom_killed: None,
+        // Active from now on, unless recorded asleep (an adopted one).
+        idle: Some(st.idle.unwrap_or_else(|| IdleMark::now(IdleState::Active))),
     }
 }
 
@@ -466,6 +488,34 @@ impl Backend for NativeBackend {
 
     fn egress(&self) -> Option<(&'static str, u64)> {
         self.net.egress_health().map(|(h, n)| (h.as_str(), n))
+    }
+
+    fn can_freeze(&self) -> bool {
+        true
+    }
+
+    fn swap(&self) -> Option<SwapInfo> {
+        Some(hibernate::swap_info())
+    }
+
+    async fn idle(&self, sandboxes: &[SandboxRef]) -> Vec<Option<IdleSample>> {
+        let (b, sandboxes) = (self.clone(), sandboxes.to_vec());
+        let n = sandboxes.len();
+        blocking(move || Ok(b.idle_samples(&sandboxes)))
+            .await
+            .unwrap_or_else(|_| vec![None; n])
+    }
+
+    async fn freeze(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        Ok(self.freeze_sandbox(sandbox).await?)
+    }
+
+    async fn reclaim(&self, sandbox: &SandboxRef) -> Result<ReclaimOutcome, BackendError> {
+        Ok(self.reclaim_sandbox(sandbox).await?)
+    }
+
+    async fn wake(&self, sandbox: &SandboxRef) -> Result<Option<IdleState>, BackendError> {
+        Ok(self.wake_sandbox(sandbox).await?)
     }
 
     async fn create(
@@ -524,7 +574,7 @@ impl Backend for NativeBackend {
         listing::status(&self.sandboxes.oom, &self.sandboxes.live, sandboxes)
     }
 
-    async fn running(&self, sandbox: &SandboxRef) -> bool {
+    async fn running(&self, sandbox: &SandboxRef) -> Running {
         listing::running(&self.sandboxes.live, sandbox)
     }
 

@@ -24,7 +24,7 @@ impl NativeBackend {
                 generation = tracing::field::Empty
             );
             let _in_span = span.enter();
-            let st = match self.sandboxes.state.load(&id) {
+            let mut st = match self.sandboxes.state.load(&id) {
                 Ok(Some(st)) => {
                     span.record("generation", st.generation.as_str());
                     st
@@ -83,13 +83,20 @@ impl NativeBackend {
                             }
                             _ => {}
                         }
+                        // Frozen or reclaimed as recorded (the next
+                        // request wakes it).
+                        let cgroup = self.sandboxes.cgroups.open(&cgroup_key).ok().flatten();
+                        self.adopted_idle(&mut st, cgroup.as_ref());
+                        if let Some(idle) = st.idle {
+                            info!(sandbox_id = %id, idle_state = idle.state.as_str(), "adopted sandbox is asleep");
+                        }
                         // Watched like our own: it is no longer our child,
                         // but its pidfd still reports the exit.
                         self.track(Live::new(
                             record_of(&st, SandboxStatus::Running),
                             Arc::new(h),
                             Arc::new(ns),
-                            self.sandboxes.cgroups.open(&cgroup_key).ok().flatten(),
+                            cgroup,
                             net,
                             cgroup_key,
                         ));

@@ -89,6 +89,12 @@ pub struct SandboxState {
     /// names (`crate::images::image_users`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Frozen or reclaimed by the hibernation ladder, and since when
+    /// (none: active). Written before the cgroup is frozen and after it is
+    /// thawed, so a restarted daemon never finds a frozen sandbox without
+    /// a record of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<crate::model::IdleMark>,
 }
 
 impl SandboxState {
@@ -293,6 +299,7 @@ mod tests {
             network: None,
             userns: None,
             image: None,
+            idle: None,
         };
         sd.save_in_background(&st).unwrap().wait().unwrap();
         assert_eq!(sd.load("a").unwrap().unwrap(), st);

@@ -131,6 +131,8 @@ fn exited(
             return deleted();
         };
         l.record.status = SandboxStatus::Exited;
+        // No longer on the hibernation ladder (its cgroup goes below).
+        l.record.idle = None;
         // Read before the cgroup goes, so the listing keeps `oom_killed`.
         if l.cgroup.as_ref().is_some_and(|cg| cg.oom_kills() > 0) {
             l.record.oom_killed = Some(true);
