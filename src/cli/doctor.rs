@@ -461,18 +461,21 @@ fn cgroups(cfg: &Config) -> Finding {
                 .filter(|c| !root.has_controller(c))
                 .collect();
             if missing.is_empty() {
+                let devices = if root.layout().uses_v1() {
+                    ", device rules enforced (devices cgroup)".to_string()
+                } else {
+                    match crate::cgroups::bpf::probe() {
+                        Ok(()) => ", device rules enforced (BPF device program)".to_string(),
+                        Err(e) => format!(", device rules NOT enforced: {e}"),
+                    }
+                };
                 Finding::ok(
                     "cgroups",
                     Need::Required,
                     format!(
-                        "{} layout, memory, pids and cpu controllers, parent {}{}",
+                        "{} layout, memory, pids and cpu controllers, parent {}{devices}",
                         root.layout(),
                         cfg.native.cgroup_parent,
-                        if root.enforces_devices() {
-                            ", device rules enforced"
-                        } else {
-                            ", device rules NOT enforced (pure v2)"
-                        }
                     ),
                 )
             } else {

@@ -19,8 +19,8 @@ const LIMITS: Resources = Resources {
     pids: 16,
 };
 
-/// No limit at all: a cgroup in the hybrid host's unified hierarchy,
-/// which has no controller.
+/// No limit at all: the unified hierarchy of a hybrid host has no
+/// controllers.
 const NO_LIMITS: Resources = Resources {
     memory_mb: 0,
     cpus: 0.0,
@@ -101,11 +101,16 @@ impl Drop for Rm {
 /// `sh -c "read go; <script>"`: held until [`release`] so that it can be
 /// moved into the cgroup before it does anything.
 fn gated(script: &str) -> (Child, ChildStdin) {
+    gated_to(script, Stdio::null())
+}
+
+/// [`gated`] with its stdout going to `stdout`.
+fn gated_to(script: &str, stdout: Stdio) -> (Child, ChildStdin) {
     let mut child = Command::new("/bin/sh")
         .arg("-c")
         .arg(format!("read go; {script}"))
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -318,6 +323,109 @@ fn v2_paths_on_the_unified_hierarchy() {
     cg.remove().unwrap();
     assert!(!dir.exists());
     assert!(v2.open(&sid).unwrap().is_none());
+}
+
+/// The v2 device program (`sandboxd::cgroups::bpf`) built from the
+/// shipped base spec's allow-list, attached by `create` to a cgroup of the
+/// v2 hierarchy: the kernel runs it for every task in that cgroup, also on
+/// a hybrid host (the unified hierarchy's cgroup of a task is where its
+/// BPF programs come from, controllers or not). A root shell with every
+/// capability in it keeps `/dev/null`, `/dev/zero` and `/dev/urandom` and
+/// the `mknod` of an allowed node, and is refused (EPERM, by the cgroup:
+/// the same shell outside it is not) the `mknod` of a block device and
+/// the opening of nodes outside the list. Fails (not skips) when the
+/// kernel refuses the program.
+#[test]
+fn the_device_program_enforces_the_allow_list() {
+    let Some(t) = TestRoot::new() else { return };
+    let v2_mount = match t.root.layout() {
+        Layout::V2 => PathBuf::from("/sys/fs/cgroup"),
+        Layout::Hybrid => PathBuf::from("/sys/fs/cgroup/unified"),
+        Layout::V1 => {
+            println!("SKIP: no cgroup v2 hierarchy on this v1 host");
+            return;
+        }
+    };
+    let base: oci_spec::runtime::Spec =
+        serde_json::from_str(include_str!("../../oci/base.json")).unwrap();
+    let v2 = CgroupRoot::with_root(&v2_mount, Layout::V2, &t.parent).with_spec_device_rules(&base);
+    assert!(
+        v2.enforces_devices(),
+        "the kernel refused the device program (see the log above)"
+    );
+    let _rm = Rm(v2_mount.join(&t.parent));
+    let sid = id("dev");
+    let cg = v2.create(&sid, &NO_LIMITS).unwrap();
+    let dir = cg.v2_dir().unwrap().to_path_buf();
+    let progs = sandboxd::cgroups::bpf::attached(&dir).unwrap();
+    assert_eq!(progs.len(), 1, "programs attached to {}", dir.display());
+
+    // Nodes outside the list, made from outside the cgroup (no nodev
+    // mount in the way: the test's tempdir).
+    let scratch = tempfile::tempdir().unwrap();
+    let s = scratch.path();
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    let rw = Mode::from_bits_truncate(0o666);
+    mknod(&s.join("tun"), SFlag::S_IFCHR, rw, makedev(10, 200)).unwrap();
+    mknod(&s.join("loop"), SFlag::S_IFBLK, rw, makedev(7, 0)).unwrap();
+    let script = format!(
+        "echo x > /dev/null; echo \"null rc=$?\"; \
+         echo \"zero $(head -c 3 /dev/zero | wc -c)\"; \
+         echo \"urandom $(head -c 4 /dev/urandom | wc -c)\"; \
+         mknod {d}/blk b 7 1 2>&1; echo \"mknod-blk rc=$?\"; \
+         mknod {d}/null c 1 3 2>&1; echo \"mknod-null rc=$?\"; \
+         head -c 1 {d}/tun >/dev/null 2>{d}/tun.err; echo \"tun rc=$? $(cat {d}/tun.err)\"; \
+         head -c 1 {d}/loop >/dev/null 2>{d}/loop.err; echo \"loop rc=$? $(cat {d}/loop.err)\"",
+        d = s.display()
+    );
+    let run = |inside: bool| {
+        let (child, stdin) = gated_to(&script, Stdio::piped());
+        if inside {
+            enter(&cg, &child);
+        }
+        release(stdin);
+        let out = child.wait_with_output().unwrap();
+        for f in ["blk", "null", "tun.err", "loop.err"] {
+            let _ = std::fs::remove_file(s.join(f));
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let inside = run(true);
+    println!("inside the sandbox's v2 cgroup:\n{inside}");
+    let has = |out: &str, line: &str| out.lines().any(|l| l.starts_with(line));
+    for ok in ["null rc=0", "zero 3", "urandom 4", "mknod-null rc=0"] {
+        assert!(has(&inside, ok), "{ok:?} missing:\n{inside}");
+    }
+    assert!(
+        inside.contains("Operation not permitted\nmknod-blk rc=1"),
+        "mknod of a block device:\n{inside}"
+    );
+    for node in ["tun", "loop"] {
+        let line = inside
+            .lines()
+            .find(|l| l.starts_with(&format!("{node} rc=")))
+            .unwrap_or_default();
+        assert!(
+            line.starts_with(&format!("{node} rc=1")) && line.contains("Operation not permitted"),
+            "opening {node}: {line:?}"
+        );
+    }
+    // The same root shell outside the cgroup: the refusals were the
+    // program's, not a missing capability's or a mount option's.
+    let outside = run(false);
+    println!("outside:\n{outside}");
+    assert!(has(&outside, "mknod-blk rc=0"), "{outside}");
+    for node in ["tun", "loop"] {
+        let line = outside
+            .lines()
+            .find(|l| l.starts_with(&format!("{node} rc=")))
+            .unwrap_or_default();
+        assert!(!line.contains("Operation not permitted"), "{line:?}");
+    }
+
+    cg.kill_all().unwrap();
+    cg.remove().unwrap();
+    assert!(!dir.exists());
 }
 
 /// What the kernel says of `cg`'s freezer, read from its own file (not

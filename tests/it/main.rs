@@ -12,7 +12,9 @@
 //!
 //! Two tiers: `cargo test` runs the fast one; the heavy tests (the soak, the
 //! Debian package) are `#[ignore = "heavy tier: ..."]` and run with
-//! `cargo test --test it -- --ignored`. `bash .ci/run` runs both.
+//! `cargo test --test it -- --ignored`. `bash .ci/run` runs both, then the
+//! VM tier (`tests/vm/run.sh`), which runs the v2-relevant part of this
+//! binary again inside a pure cgroup v2 guest booted by systemd.
 //!
 //! Run one subject with `cargo test --test it native_` (a name filter).
 

@@ -493,13 +493,7 @@ async fn a_sandbox_spamming_its_output_cannot_fill_the_disk() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("ignoring SIGTERM"));
     // The daemon's own log got a bounded copy.
-    let copied = d
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.contains("ignoring SIGTERM"))
-        .count();
+    let copied = d.log_count("ignoring SIGTERM");
     assert!(
         copied < 500,
         "{copied} lines of the sandbox's output in the daemon log"

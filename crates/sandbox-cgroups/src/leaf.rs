@@ -43,9 +43,41 @@ pub fn move_self_to_leaf_if_delegated(
     let parent = root.relative_path("x");
     let parent = parent.parent().unwrap_or(Path::new("/"));
     if own != "/" && parent.starts_with(own) {
+        let by_systemd = std::env::var_os("INVOCATION_ID").is_some();
+        if let Some(e) = started_in_unit_root(own, parent, by_systemd) {
+            return Err(e);
+        }
         return move_self_to_leaf(root, leaf);
     }
     Ok(None)
+}
+
+/// The sandboxes' `parent` lies inside `own`, the daemon's cgroup: when
+/// systemd started the daemon (`by_systemd`: `$INVOCATION_ID` is set) and
+/// `own` is a unit's cgroup itself (`….service`), the layout cannot
+/// survive a restart. Once a sandbox lives below `own`, `own` has
+/// controllers enabled for its children, the kernel refuses to put a
+/// process into it (EBUSY), and systemd, which always starts a service's
+/// main process in the unit's own cgroup (before v254's
+/// `DelegateSubgroup=`), fails every start: status=219/CGROUP, "Failed to
+/// attach to cgroup …: Device or resource busy" (seen on Debian 12's
+/// systemd 252, tests/vm/run.sh). The daemon moving itself into a leaf
+/// does not help the next start. So it is refused up front. With
+/// `DelegateSubgroup=daemon` systemd starts the daemon in
+/// `<unit>/daemon`, `own` is that leaf, and `parent` is not inside it.
+pub(crate) fn started_in_unit_root(
+    own: &str,
+    parent: &Path,
+    by_systemd: bool,
+) -> Option<CgroupError> {
+    let unit = Path::new(own).file_name()?.to_str()?;
+    if !by_systemd || !unit.ends_with(".service") {
+        return None;
+    }
+    Some(CgroupError::DelegatedWithoutSubgroup {
+        service: PathBuf::from(own),
+        parent: parent.to_path_buf(),
+    })
 }
 
 /// The testable part of [`move_self_to_leaf`].

@@ -9,13 +9,16 @@
 //! detection that also works on a fake tree, creating the cgroup before any
 //! task joins it, `memory.swap.max = 0` on v2, `cgroup.kill`, OOM counters,
 //! reading limits back, listing/removing orphans, and the device allow-list
-//! on v1 ([`devices`]; libcgroups' own v1 devices code always adds runc's
-//! defaults, such as `mknod` of any device and `/dev/net/tun`).
+//! ([`devices`]: the v1 devices controller, or on v2 a BPF device program
+//! of our own, [`bpf`]; libcgroups' own v1 devices code always adds runc's
+//! defaults, such as `mknod` of any device and `/dev/net/tun`, and its v2
+//! one is behind a feature that links libbpf).
 //!
 //! It must not touch anything outside the parent cgroup, except enabling
 //! controllers in the ancestors' `cgroup.subtree_control` (v2) and moving the
 //! daemon itself into a leaf ([`move_self_to_leaf`]).
 
+pub mod bpf;
 pub mod devices;
 mod files;
 mod layout;
@@ -139,6 +142,16 @@ pub enum CgroupError {
     V1NeedsRealRoot { op: &'static str, root: PathBuf },
     #[error("invalid device rule {rule:?} in linux.resources.devices: {reason}")]
     BadDeviceRule { rule: String, reason: &'static str },
+    #[error("device allow-list: {0}")]
+    DeviceProgram(Box<bpf::BpfError>),
+    #[error(
+        "the cgroup parent {parent} lies inside {service}, the cgroup systemd started this service in: \
+         once a sandbox lives there, systemd cannot start the daemon in {service} again (a restart fails with \
+         status=219/CGROUP, \"Failed to attach to cgroup ...: Device or resource busy\"). Use a parent outside \
+         the unit (the default, sandboxd), or with systemd 254 or later add DelegateSubgroup=daemon to the unit \
+         (a drop-in), so systemd starts the daemon in the leaf {service}/daemon (docs/operations.md)"
+    )]
+    DelegatedWithoutSubgroup { service: PathBuf, parent: PathBuf },
     #[error("cannot move the daemon into leaf cgroup {path}: {source}")]
     MoveSelf {
         path: PathBuf,

@@ -2,14 +2,17 @@
 //! sandbox's cgroup, listing and orphan removal.
 
 use std::collections::{BTreeSet, HashSet};
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use libcgroups::common::{AnyCgroupManager, AnyManagerError};
 use oci_spec::runtime::LinuxDeviceCgroup;
 
-use super::files;
+use super::devices::DevicePolicy;
 use super::layout::{assumed_mounts, parse_layout, Layout, Mounts};
 use super::sandbox::SandboxCgroup;
+use super::{bpf, files};
 use super::{CgroupError, DEFAULT_FS_ROOT};
 use sandbox_abi::model::{validate_node_key, Resources};
 
@@ -55,9 +58,26 @@ pub struct CgroupRoot {
     mounts: Mounts,
     /// Relative to each hierarchy's root, without a leading `/`.
     parent: PathBuf,
-    /// The device allow-list every sandbox's cgroup gets (v1 only); `None`:
-    /// the devices cgroup is left as the parent has it.
-    devices: Option<Vec<LinuxDeviceCgroup>>,
+    /// The device allow-list every sandbox's cgroup gets; `None`: the
+    /// devices cgroup (v1) is left as the parent has it, and no device
+    /// program is attached (v2).
+    devices: Option<DeviceSetup>,
+}
+
+/// How the device allow-list reaches a new sandbox cgroup.
+#[derive(Debug, Clone)]
+enum DeviceSetup {
+    /// v1 and hybrid: written to the `devices` controller's files.
+    V1(Vec<LinuxDeviceCgroup>),
+    /// v2: this loaded program (built from the rules once, at start) is
+    /// attached to every sandbox's cgroup.
+    Bpf(Arc<OwnedFd>),
+    /// v2, rules the v1 controller would refuse: every create fails with
+    /// the rule in the error, as on v1.
+    Invalid(Vec<LinuxDeviceCgroup>),
+    /// v2, and the kernel would not load the program (no
+    /// `CONFIG_CGROUP_BPF`, say): not enforced, said loudly at start-up.
+    Unenforced,
 }
 
 impl CgroupRoot {
@@ -76,7 +96,9 @@ impl CgroupRoot {
         let mounts = parse_layout(&text, &fs_root).ok_or_else(|| CgroupError::NoCgroupFs {
             path: fs_root.clone(),
         })?;
-        tracing::info!(
+        // Debug only: `serve` runs doctor's checks (a detect) before the
+        // backend's own; the backend logs the layout once, at info.
+        tracing::debug!(
             layout = %mounts.layout,
             parent = %parent_path.display(),
             "cgroup layout detected"
@@ -91,17 +113,51 @@ impl CgroupRoot {
 
     /// Every sandbox cgroup [`create`](Self::create) makes from now on
     /// allows exactly the devices `rules` allow (OCI
-    /// `linux.resources.devices`, applied in order over an empty list), on
-    /// v1 and hybrid hosts; see [`enforces_devices`](Self::enforces_devices).
+    /// `linux.resources.devices`, applied in order over an empty list): on
+    /// v1 and hybrid hosts in the `devices` controller, on v2 through a BPF
+    /// device program built from them and loaded here, once (see
+    /// [`enforces_devices`](Self::enforces_devices)).
     pub fn with_device_rules(mut self, rules: Vec<LinuxDeviceCgroup>) -> Self {
-        self.devices = Some(rules);
+        if self.mounts.layout.uses_v1() {
+            tracing::info!(
+                rules = rules.len(),
+                "device allow-list enforced by the devices cgroup"
+            );
+            self.devices = Some(DeviceSetup::V1(rules));
+            return self;
+        }
+        let policy = match DevicePolicy::from_rules(&rules) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "the device allow-list has a rule the devices cgroup refuses: every create will fail");
+                self.devices = Some(DeviceSetup::Invalid(rules));
+                return self;
+            }
+        };
+        self.devices = Some(match bpf::load(&bpf::device_program(&policy)) {
+            Ok(fd) => {
+                tracing::info!(
+                    rules = rules.len(),
+                    exceptions = policy.exceptions.len(),
+                    "device allow-list enforced by a BPF device program on every sandbox's cgroup"
+                );
+                DeviceSetup::Bpf(Arc::new(fd))
+            }
+            Err(e) => {
+                tracing::warn!(
+                    layout = %self.layout(),
+                    error = %e,
+                    "device allow-list NOT enforced: the kernel refused the BPF device program; bundles carry no device rules (see docs/security.md)"
+                );
+                DeviceSetup::Unenforced
+            }
+        });
         self
     }
 
     /// [`with_device_rules`](Self::with_device_rules) with the base spec's
     /// device allow-list (`linux.resources.devices`) for every sandbox's
-    /// cgroup. Enforced on v1 and hybrid hosts; on pure v2 (no BPF device
-    /// program yet) and without a list, said loudly at start-up.
+    /// cgroup. Without a list, said loudly at start-up.
     pub fn with_spec_device_rules(self, base: &oci_spec::runtime::Spec) -> Self {
         let rules = base
             .linux()
@@ -112,25 +168,18 @@ impl CgroupRoot {
             tracing::warn!("the base spec has no linux.resources.devices: sandboxes keep the device access of the cgroup parent");
             return self;
         };
-        if self.enforces_devices() {
-            tracing::info!(
-                rules = rules.len(),
-                "device allow-list enforced by the devices cgroup"
-            );
-        } else {
-            tracing::warn!(
-                layout = %self.layout(),
-                "device allow-list NOT enforced: cgroup v2 needs a BPF device program, which sandboxd does not attach; bundles carry no device rules (see docs/security.md)"
-            );
-        }
         self.with_device_rules(rules)
     }
 
     /// Whether device rules are enforced on this host: v1 and hybrid (the
-    /// `devices` controller). On pure v2 the kernel would need a BPF device
-    /// program, which is not implemented.
+    /// `devices` controller); v2 once [`with_device_rules`](Self::with_device_rules)
+    /// has loaded the BPF device program.
     pub fn enforces_devices(&self) -> bool {
         self.mounts.layout.uses_v1()
+            || matches!(
+                self.devices,
+                Some(DeviceSetup::Bpf(_) | DeviceSetup::Invalid(_))
+            )
     }
 
     /// A root over a (fake) tree at `fs_root`: v2 files directly in it, v1
@@ -192,13 +241,12 @@ impl CgroupRoot {
             Layout::V1 | Layout::Hybrid => self.create_v1(&rel)?,
         }
         let cg = self.sandbox(sandbox_id)?;
-        let devices = match (&self.devices, self.enforces_devices()) {
-            (Some(rules), true) => Some(rules.as_slice()),
-            _ => None,
-        };
-        let applied = cg
-            .apply(res)
-            .and_then(|()| devices.map_or(Ok(()), |rules| cg.apply_devices(rules)));
+        let applied = cg.apply(res).and_then(|()| match &self.devices {
+            Some(DeviceSetup::V1(rules)) => cg.apply_devices(rules),
+            Some(DeviceSetup::Bpf(program)) => cg.attach_device_program(program),
+            Some(DeviceSetup::Invalid(rules)) => DevicePolicy::from_rules(rules).map(drop),
+            Some(DeviceSetup::Unenforced) | None => Ok(()),
+        });
         if let Err(e) = applied {
             // Nothing runs in it yet: do not leave a half-made cgroup.
             let cleanup = self.sandbox(sandbox_id).and_then(SandboxCgroup::remove);

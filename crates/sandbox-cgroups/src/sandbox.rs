@@ -359,6 +359,28 @@ impl SandboxCgroup {
         super::devices::apply_v1(dir, rules)
     }
 
+    /// Attaches the loaded device program (v2, see [`bpf`](super::bpf))
+    /// to the sandbox's cgroup. Call before any process joins.
+    pub(crate) fn attach_device_program(
+        &self,
+        program: &std::os::fd::OwnedFd,
+    ) -> Result<(), CgroupError> {
+        let dir = self.v2_dir()?;
+        super::devices::apply_v2(dir, program)
+    }
+
+    /// The sandbox's v2 directory (the one directory every controller
+    /// maps to); an error on v1 and hybrid hosts.
+    pub fn v2_dir(&self) -> Result<&Path, CgroupError> {
+        match (self.layout, self.dirs.get("memory")) {
+            (Layout::V2, Some(d)) => Ok(d),
+            _ => Err(CgroupError::MissingController {
+                controller: "cgroup2".into(),
+                path: self.fs_root.clone(),
+            }),
+        }
+    }
+
     /// Freezes every process of the sandbox (v1 `freezer.state`, v2
     /// `cgroup.freeze`) and returns once the kernel reports the cgroup
     /// frozen: no task of it runs until [`thaw`](Self::thaw); its memory

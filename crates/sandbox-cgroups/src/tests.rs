@@ -11,7 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::layout::parse_layout;
-use super::leaf::move_to_leaf;
+use super::leaf::{move_to_leaf, started_in_unit_root};
 use super::root::normalize_parent;
 use super::*;
 
@@ -458,6 +458,28 @@ fn daemon_moves_into_leaf() {
         Path::new("/")
     );
     assert!(!r.join("daemon").exists());
+}
+
+/// A parent inside the unit's own cgroup, where systemd started the
+/// daemon: refused (a restart with live sandboxes could not start it);
+/// with DelegateSubgroup= (the daemon starts in a leaf), not run by
+/// systemd, or not a service's cgroup: allowed.
+#[test]
+fn a_parent_inside_the_units_own_cgroup_is_refused_under_systemd() {
+    let parent = Path::new("/system.slice/s.service/sandboxes");
+    let e = started_in_unit_root("/system.slice/s.service", parent, true).unwrap();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("219/CGROUP") && msg.contains("DelegateSubgroup=daemon"),
+        "{msg}"
+    );
+    assert!(started_in_unit_root("/system.slice/s.service", parent, false).is_none());
+    assert!(started_in_unit_root(
+        "/user.slice/x.scope",
+        Path::new("/user.slice/x.scope/s"),
+        true
+    )
+    .is_none());
 }
 
 #[test]

@@ -92,9 +92,10 @@ pub struct HostLayout {
     /// ([`HostLayout::host_root_links`]) or an image's.
     pub root_links: Vec<(String, PathBuf)>,
     /// Whether this host enforces the base spec's device allow-list (the
-    /// v1 devices cgroup). When it does not (pure v2: no BPF device program
-    /// is attached), bundles carry no `linux.resources.devices`, so the
-    /// spec never promises what the runtime does not do.
+    /// v1 devices cgroup, or on v2 the daemon's BPF device program). When
+    /// it does not (v2 with a kernel that refused the program), bundles
+    /// carry no `linux.resources.devices`, so the spec never promises what
+    /// the runtime does not do.
     pub device_rules_enforced: bool,
     pub container_port: u16,
     pub limits: ResourceLimits,
@@ -810,8 +811,8 @@ mod tests {
         assert_eq!(s.process().as_ref().unwrap().cwd(), Path::new(GUEST.home));
     }
 
-    /// On a host that cannot enforce the device allow-list (pure cgroup v2)
-    /// the bundle does not carry it: the spec promises nothing the runtime
+    /// On a host that cannot enforce the device allow-list (v2 without the
+    /// BPF device program) the bundle does not carry it: the spec promises nothing the runtime
     /// does not do.
     #[test]
     fn device_rules_only_where_enforced() {

@@ -151,6 +151,11 @@ impl NativeBackend {
             None => bundler::sibling_binary("sandbox-init", HostPaths::Prepare)?,
         };
         let cgroups = CgroupRoot::detect(&cfg.native.cgroup_parent)?;
+        info!(
+            layout = %cgroups.layout(),
+            parent = %cfg.native.cgroup_parent,
+            "cgroup layout detected"
+        );
         let cgroups = cgroups.with_spec_device_rules(bundler.base());
         bundler.set_device_rules_enforced(cgroups.enforces_devices());
         if let Some(service) = crate::cgroups::move_self_to_leaf_if_delegated(&cgroups, "daemon")? {

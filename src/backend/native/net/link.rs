@@ -115,8 +115,8 @@ impl Netlink {
     fn links(ctx: &mut Ctx) -> Result<Vec<(u32, String)>, LinkError> {
         let seq = ctx.next_seq();
         let mut out = Vec::new();
-        rtnl::dump(&ctx.host, &rtnl::dump_links(seq), |kind, m| {
-            out.extend(rtnl::parse_link(kind, m));
+        rtnl::dump(&ctx.host, &rtnl::dump_links(seq), |m| {
+            out.extend(rtnl::parse_link(m));
         })
         .map_err(|source| LinkError::Netlink {
             op: "link dump",
@@ -144,8 +144,8 @@ impl Netlink {
                 Self::links(ctx)?.into_iter().collect();
             let seq = ctx.next_seq();
             let mut out = Vec::new();
-            rtnl::dump(&ctx.host, &rtnl::dump_routes(seq), |kind, m| {
-                if let Some(r) = rtnl::parse_route(kind, m) {
+            rtnl::dump(&ctx.host, &rtnl::dump_routes(seq), |m| {
+                if let Some(r) = rtnl::parse_route(m) {
                     out.push(HostRoute {
                         dst: Cidr::new(r.dst, r.len),
                         oif: r.oif.and_then(|i| names.get(&i).cloned()),

@@ -37,7 +37,6 @@ const NFPROTO_INET: u8 = 1;
 // the nested attribute flag.
 pub(super) const NLM_F_REQUEST: u16 = 0x1;
 pub(super) const NLM_F_ACK: u16 = 0x4;
-pub(super) const NLM_F_EXCL: u16 = 0x200;
 pub(super) const NLM_F_CREATE: u16 = 0x400;
 pub(super) const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;

@@ -1,122 +1,87 @@
-//! Route netlink (`NETLINK_ROUTE`) messages the daemon sends, built and
-//! read by hand with the attribute helpers of [`nfnl`](super::nfnl), as
-//! `ip` sends them: a veth pair whose peer is made inside a sandbox's
-//! network namespace, a /31 address, a link set up, a default route, a link
-//! deleted, and the link and IPv4 route dumps of the start-up checks. Six
-//! requests and two dumps did not need rtnetlink and its netlink-packet-*
-//! stack (which also pinned a second `nix`). The socket calls are
-//! synchronous: [`link`](super::link) runs them on its own thread.
+//! Route netlink (`NETLINK_ROUTE`) requests the daemon sends, as `ip`
+//! sends them: a veth pair whose peer is made inside a sandbox's network
+//! namespace, a /31 address, a link set up, a default route, a link
+//! deleted, and the link and IPv4 route dumps of the start-up checks. The
+//! messages are built and read with `netlink-packet-route` (the
+//! rust-netlink project's wire types, which rtnetlink is made of, without
+//! its async connection and its second `nix`); the socket calls are
+//! [`nfnl`](super::nfnl)'s and synchronous: [`link`](super::link) runs
+//! them on its own thread.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{OwnedFd, RawFd};
 
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_REQUEST,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use nix::sys::socket::SockProtocol;
 
-use super::nfnl::{
-    ack_of, attr, attrs, dump_messages, open_protocol, push_attr, push_header, push_nested,
-    receive, send, NfnlError, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
-};
+use super::nfnl::{ack_of, dump_messages, open_protocol, receive, send, NfnlError};
 
-const RTM_NEWLINK: u16 = 16;
-const RTM_DELLINK: u16 = 17;
-const RTM_GETLINK: u16 = 18;
-const RTM_SETLINK: u16 = 19;
-const RTM_NEWADDR: u16 = 20;
-const RTM_NEWROUTE: u16 = 24;
-const RTM_GETROUTE: u16 = 26;
-
-const AF_UNSPEC: u8 = libc::AF_UNSPEC as u8;
-const AF_INET: u8 = libc::AF_INET as u8;
-const IFF_UP: u32 = libc::IFF_UP as u32;
-
-const IFLA_IFNAME: u16 = 3;
-const IFLA_LINKINFO: u16 = 18;
-const IFLA_NET_NS_FD: u16 = 28;
-const IFLA_INFO_KIND: u16 = 1;
-const IFLA_INFO_DATA: u16 = 2;
-const VETH_INFO_PEER: u16 = 1;
-
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-
-const RT_TABLE_MAIN: u8 = 254;
-const RTPROT_STATIC: u8 = 4;
-const RT_SCOPE_UNIVERSE: u8 = 0;
-const RTN_UNICAST: u8 = 1;
-const RTA_DST: u16 = 1;
-const RTA_OIF: u16 = 4;
-const RTA_GATEWAY: u16 = 5;
-const RTA_MULTIPATH: u16 = 9;
-const RTA_VIA: u16 = 18;
-
-/// Header (16 bytes) of a netlink message; its family header and
-/// attributes follow.
-const NLMSG_HDRLEN: usize = 16;
-/// `struct ifinfomsg`, `struct ifaddrmsg`, `struct rtmsg`.
-const IFINFOMSG_LEN: usize = 16;
-const RTMSG_LEN: usize = 12;
-
-/// One netlink message: header, family header `fixed`, attributes.
-fn message(kind: u16, flags: u16, seq: u32, fixed: &[u8], attrs: &[u8]) -> Vec<u8> {
-    let len = NLMSG_HDRLEN + fixed.len() + attrs.len();
-    let mut b = Vec::with_capacity(len);
-    push_header(&mut b, len, kind, flags, seq);
-    b.extend_from_slice(fixed);
-    b.extend_from_slice(attrs);
+/// `msg` as the bytes of one netlink message with `flags` and `seq`.
+fn message(msg: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = seq;
+    let mut m = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
+    m.finalize();
+    let mut b = vec![0u8; m.buffer_len()];
+    m.serialize(&mut b);
     b
 }
 
-/// `struct ifinfomsg` of link `index` with `flags` set among `change`.
-fn ifinfomsg(index: u32, flags: u32, change: u32) -> [u8; IFINFOMSG_LEN] {
-    let mut h = [0u8; IFINFOMSG_LEN];
-    h[0] = AF_UNSPEC;
-    h[4..8].copy_from_slice(&index.to_ne_bytes());
-    h[8..12].copy_from_slice(&flags.to_ne_bytes());
-    h[12..16].copy_from_slice(&change.to_ne_bytes());
-    h
-}
+const CREATE: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
 
-/// A string attribute's payload: NUL-terminated, as `ip` sends names.
-fn cstr(s: &str) -> Vec<u8> {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    v
+/// A link message of link `index`, up when `up` (and only that flag
+/// changed).
+fn link(index: u32, up: bool) -> LinkMessage {
+    let mut l = LinkMessage::default();
+    l.header.index = index;
+    if up {
+        l.header.flags = LinkFlags::Up;
+        l.header.change_mask = LinkFlags::Up;
+    }
+    l
 }
 
 /// `ip link add <name> up type veth peer name <peer> netns <fd>`: the pair
 /// in one request, the peer created directly in the namespace of `netns`.
 pub fn new_veth(name: &str, peer: &str, netns: RawFd, seq: u32) -> Vec<u8> {
-    let mut a = Vec::with_capacity(96);
-    push_attr(&mut a, IFLA_IFNAME, &cstr(name));
-    push_nested(&mut a, IFLA_LINKINFO, |b| {
-        push_attr(b, IFLA_INFO_KIND, b"veth");
-        push_nested(b, IFLA_INFO_DATA, |b| {
-            let mut p = ifinfomsg(0, 0, 0).to_vec();
-            push_attr(&mut p, IFLA_IFNAME, &cstr(peer));
-            push_attr(&mut p, IFLA_NET_NS_FD, &(netns as u32).to_ne_bytes());
-            push_attr(b, VETH_INFO_PEER, &p);
-        });
-    });
-    let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
-    message(RTM_NEWLINK, flags, seq, &ifinfomsg(0, IFF_UP, IFF_UP), &a)
+    let mut p = link(0, false);
+    p.attributes = vec![
+        LinkAttribute::IfName(peer.into()),
+        LinkAttribute::NetNsFd(netns),
+    ];
+    let mut l = link(0, true);
+    l.attributes = vec![
+        LinkAttribute::IfName(name.into()),
+        LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(p))),
+        ]),
+    ];
+    message(RouteNetlinkMessage::NewLink(l), CREATE, seq)
 }
 
 /// `ip link del` of link `index`.
 pub fn del_link(index: u32, seq: u32) -> Vec<u8> {
-    let flags = NLM_F_REQUEST | NLM_F_ACK;
-    message(RTM_DELLINK, flags, seq, &ifinfomsg(index, 0, 0), &[])
+    let m = RouteNetlinkMessage::DelLink(link(index, false));
+    message(m, NLM_F_REQUEST | NLM_F_ACK, seq)
 }
 
 /// `ip link set <index> up`.
 pub fn set_up(index: u32, seq: u32) -> Vec<u8> {
-    let flags = NLM_F_REQUEST | NLM_F_ACK;
-    message(
-        RTM_SETLINK,
-        flags,
-        seq,
-        &ifinfomsg(index, IFF_UP, IFF_UP),
-        &[],
-    )
+    let m = RouteNetlinkMessage::SetLink(link(index, true));
+    message(m, NLM_F_REQUEST | NLM_F_ACK, seq)
 }
 
 /// `ip addr add <addr>/31 dev <index>`: address and local address, no
@@ -124,62 +89,69 @@ pub fn set_up(index: u32, seq: u32) -> Vec<u8> {
 /// kernel would then treat the peer's address as broadcast and never route
 /// to it).
 pub fn new_p2p_addr(index: u32, addr: Ipv4Addr, seq: u32) -> Vec<u8> {
-    let mut h = [0u8; 8];
-    h[0] = AF_INET;
-    h[1] = 31;
-    h[4..8].copy_from_slice(&index.to_ne_bytes());
-    let mut a = Vec::with_capacity(16);
-    push_attr(&mut a, IFA_ADDRESS, &addr.octets());
-    push_attr(&mut a, IFA_LOCAL, &addr.octets());
-    let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
-    message(RTM_NEWADDR, flags, seq, &h, &a)
+    let mut a = AddressMessage::default();
+    a.header.family = AddressFamily::Inet;
+    a.header.prefix_len = 31;
+    a.header.index = index;
+    a.attributes = vec![
+        AddressAttribute::Address(IpAddr::V4(addr)),
+        AddressAttribute::Local(IpAddr::V4(addr)),
+    ];
+    message(RouteNetlinkMessage::NewAddress(a), CREATE, seq)
 }
 
 /// `ip route add default via <gateway> dev <index>` (main table, static).
 pub fn new_default_route(gateway: Ipv4Addr, index: u32, seq: u32) -> Vec<u8> {
-    let h = [
-        AF_INET,
-        0,
-        0,
-        0,
-        RT_TABLE_MAIN,
-        RTPROT_STATIC,
-        RT_SCOPE_UNIVERSE,
-        RTN_UNICAST,
-        0,
-        0,
-        0,
-        0,
+    let mut r = RouteMessage::default();
+    r.header.address_family = AddressFamily::Inet;
+    r.header.table = RouteHeader::RT_TABLE_MAIN;
+    r.header.protocol = RouteProtocol::Static;
+    r.header.scope = RouteScope::Universe;
+    r.header.kind = RouteType::Unicast;
+    r.attributes = vec![
+        RouteAttribute::Gateway(RouteAddress::Inet(gateway)),
+        RouteAttribute::Oif(index),
     ];
-    let mut a = Vec::with_capacity(16);
-    push_attr(&mut a, RTA_GATEWAY, &gateway.octets());
-    push_attr(&mut a, RTA_OIF, &index.to_ne_bytes());
-    let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
-    message(RTM_NEWROUTE, flags, seq, &h, &a)
+    message(RouteNetlinkMessage::NewRoute(r), CREATE, seq)
 }
 
 /// The dump request of every link.
 pub fn dump_links(seq: u32) -> Vec<u8> {
-    let flags = NLM_F_REQUEST | NLM_F_DUMP;
-    message(RTM_GETLINK, flags, seq, &ifinfomsg(0, 0, 0), &[])
+    let m = RouteNetlinkMessage::GetLink(LinkMessage::default());
+    message(m, NLM_F_REQUEST | NLM_F_DUMP, seq)
 }
 
 /// The dump request of every IPv4 route (all tables).
 pub fn dump_routes(seq: u32) -> Vec<u8> {
-    let mut h = [0u8; RTMSG_LEN];
-    h[0] = AF_INET;
-    message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, seq, &h, &[])
+    let mut r = RouteMessage::default();
+    r.header.address_family = AddressFamily::Inet;
+    message(
+        RouteNetlinkMessage::GetRoute(r),
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+    )
+}
+
+/// The route netlink message in `m` (one message, header included).
+fn parse(m: &[u8]) -> Option<RouteNetlinkMessage> {
+    match NetlinkMessage::<RouteNetlinkMessage>::deserialize(m)
+        .ok()?
+        .payload
+    {
+        NetlinkPayload::InnerMessage(r) => Some(r),
+        _ => None,
+    }
 }
 
 /// A link of a dump: its index and name.
-pub fn parse_link(kind: u16, m: &[u8]) -> Option<(u32, String)> {
-    if kind != RTM_NEWLINK || m.len() < NLMSG_HDRLEN + IFINFOMSG_LEN {
+pub fn parse_link(m: &[u8]) -> Option<(u32, String)> {
+    let RouteNetlinkMessage::NewLink(l) = parse(m)? else {
         return None;
-    }
-    let index = u32::from_ne_bytes(m[NLMSG_HDRLEN + 4..NLMSG_HDRLEN + 8].try_into().ok()?);
-    let name = attr(&m[NLMSG_HDRLEN + IFINFOMSG_LEN..], IFLA_IFNAME)?;
-    let name = name.strip_suffix(b"\0").unwrap_or(name);
-    Some((index, String::from_utf8_lossy(name).into_owned()))
+    };
+    l.attributes.into_iter().find_map(|a| match a {
+        LinkAttribute::IfName(n) => Some((l.header.index, n)),
+        _ => None,
+    })
 }
 
 /// An IPv4 route of a dump.
@@ -193,25 +165,26 @@ pub struct Route {
 }
 
 /// An IPv4 route of a dump (other families are skipped).
-pub fn parse_route(kind: u16, m: &[u8]) -> Option<Route> {
-    if kind != RTM_NEWROUTE || m.len() < NLMSG_HDRLEN + RTMSG_LEN || m[NLMSG_HDRLEN] != AF_INET {
+pub fn parse_route(m: &[u8]) -> Option<Route> {
+    let RouteNetlinkMessage::NewRoute(m) = parse(m)? else {
+        return None;
+    };
+    if m.header.address_family != AddressFamily::Inet {
         return None;
     }
     let mut r = Route {
         dst: Ipv4Addr::UNSPECIFIED,
-        len: m[NLMSG_HDRLEN + 1],
+        len: m.header.destination_prefix_length,
         oif: None,
         via: false,
     };
-    for (k, p) in attrs(&m[NLMSG_HDRLEN + RTMSG_LEN..]) {
-        match k {
-            RTA_DST => {
-                if let Ok(o) = <[u8; 4]>::try_from(p) {
-                    r.dst = Ipv4Addr::from(o);
-                }
+    for a in m.attributes {
+        match a {
+            RouteAttribute::Destination(RouteAddress::Inet(d)) => r.dst = d,
+            RouteAttribute::Oif(i) => r.oif = Some(i),
+            RouteAttribute::Gateway(_) | RouteAttribute::MultiPath(_) | RouteAttribute::Via(_) => {
+                r.via = true
             }
-            RTA_OIF => r.oif = p.try_into().ok().map(u32::from_ne_bytes),
-            RTA_GATEWAY | RTA_MULTIPATH | RTA_VIA => r.via = true,
             _ => {}
         }
     }
@@ -251,14 +224,14 @@ pub fn request(fd: &OwnedFd, msg: &[u8], seq: u32) -> std::io::Result<()> {
     }
 }
 
-/// Sends dump request `msg` and calls `each` with the type and bytes of
-/// every message of the answer, until its end.
-pub fn dump(fd: &OwnedFd, msg: &[u8], mut each: impl FnMut(u16, &[u8])) -> std::io::Result<()> {
+/// Sends dump request `msg` and calls `each` with the bytes of every
+/// message of the answer, until its end.
+pub fn dump(fd: &OwnedFd, msg: &[u8], mut each: impl FnMut(&[u8])) -> std::io::Result<()> {
     send(fd, msg).map_err(io)?;
     let mut buf = vec![0u8; RECV_BUF];
     loop {
         let n = receive(fd, &mut buf).map_err(io)?;
-        if dump_messages(&buf[..n], &mut each).map_err(io)? {
+        if dump_messages(&buf[..n], |_, m| each(m)).map_err(io)? {
             return Ok(());
         }
     }
@@ -266,6 +239,7 @@ pub fn dump(fd: &OwnedFd, msg: &[u8], mut each: impl FnMut(u16, &[u8])) -> std::
 
 #[cfg(test)]
 mod tests {
+    use super::super::nfnl::attr;
     use super::*;
 
     fn u16_at(b: &[u8], i: usize) -> u16 {
@@ -276,27 +250,31 @@ mod tests {
         u32::from_ne_bytes(b[i..i + 4].try_into().unwrap())
     }
 
-    /// What `ip link add sbx-1 up type veth peer name eth0 netns 7` sends:
-    /// the host end (named, up), its link info (kind `veth`, data: the
-    /// peer's `ifinfomsg` with its name and namespace fd).
+    /// What `ip link add sbx-1 up type veth peer name eth0 netns 7` sends
+    /// (the bytes checked against the kernel's layout, not against the
+    /// crate that made them): the host end (named, up), its link info
+    /// (kind `veth`, data: the peer's `ifinfomsg` with its name and
+    /// namespace fd).
     #[test]
     fn encodes_a_veth_pair_with_its_peer_in_a_namespace() {
         let m = new_veth("sbx-1", "eth0", 7, 5);
         assert_eq!(u32_at(&m, 0) as usize, m.len());
-        assert_eq!(u16_at(&m, 4), RTM_NEWLINK);
+        assert_eq!(u16_at(&m, 4), libc::RTM_NEWLINK);
         assert_eq!(u16_at(&m, 6), 0x605, "request, ack, excl, create");
         assert_eq!(u32_at(&m, 8), 5);
         let info = &m[16..32];
-        assert_eq!((u32_at(info, 8), u32_at(info, 12)), (IFF_UP, IFF_UP));
+        let up = libc::IFF_UP as u32;
+        assert_eq!((u32_at(info, 8), u32_at(info, 12)), (up, up));
         let a = &m[32..];
-        assert_eq!(attr(a, IFLA_IFNAME), Some(&b"sbx-1\0"[..]));
-        let li = attr(a, IFLA_LINKINFO).unwrap();
-        assert_eq!(attr(li, IFLA_INFO_KIND), Some(&b"veth"[..]));
-        let peer = attr(attr(li, IFLA_INFO_DATA).unwrap(), VETH_INFO_PEER).unwrap();
+        assert_eq!(attr(a, libc::IFLA_IFNAME), Some(&b"sbx-1\0"[..]));
+        let li = attr(a, libc::IFLA_LINKINFO).unwrap();
+        // NUL-terminated, as the kernel also takes it (`ip` leaves the NUL out).
+        assert_eq!(attr(li, libc::IFLA_INFO_KIND), Some(&b"veth\0"[..]));
+        let peer = attr(attr(li, libc::IFLA_INFO_DATA).unwrap(), 1).unwrap();
         assert_eq!(&peer[..16], &[0; 16]);
-        assert_eq!(attr(&peer[16..], IFLA_IFNAME), Some(&b"eth0\0"[..]));
+        assert_eq!(attr(&peer[16..], libc::IFLA_IFNAME), Some(&b"eth0\0"[..]));
         assert_eq!(
-            attr(&peer[16..], IFLA_NET_NS_FD),
+            attr(&peer[16..], libc::IFLA_NET_NS_FD),
             Some(&7u32.to_ne_bytes()[..])
         );
     }
@@ -304,44 +282,47 @@ mod tests {
     #[test]
     fn encodes_the_address_the_route_and_the_link_changes() {
         let a = new_p2p_addr(3, Ipv4Addr::new(10, 0, 0, 1), 1);
-        assert_eq!(u16_at(&a, 4), RTM_NEWADDR);
-        assert_eq!(&a[16..24], &[AF_INET, 31, 0, 0, 3, 0, 0, 0]);
-        assert_eq!(attr(&a[24..], IFA_ADDRESS), Some(&[10, 0, 0, 1][..]));
-        assert_eq!(attr(&a[24..], IFA_LOCAL), Some(&[10, 0, 0, 1][..]));
-        assert_eq!(attrs(&a[24..]).count(), 2, "no broadcast address");
+        assert_eq!(u16_at(&a, 4), libc::RTM_NEWADDR);
+        assert_eq!(&a[16..24], &[2, 31, 0, 0, 3, 0, 0, 0]);
+        assert_eq!(attr(&a[24..], libc::IFA_ADDRESS), Some(&[10, 0, 0, 1][..]));
+        assert_eq!(attr(&a[24..], libc::IFA_LOCAL), Some(&[10, 0, 0, 1][..]));
+        assert_eq!(attr(&a[24..], libc::IFA_BROADCAST), None, "no broadcast");
+        assert_eq!(a.len(), 24 + 2 * 8, "two attributes only");
         let r = new_default_route(Ipv4Addr::new(10, 0, 0, 0), 2, 1);
-        assert_eq!(u16_at(&r, 4), RTM_NEWROUTE);
+        assert_eq!(u16_at(&r, 4), libc::RTM_NEWROUTE);
         assert_eq!(&r[16..28], &[2, 0, 0, 0, 254, 4, 0, 1, 0, 0, 0, 0]);
-        assert_eq!(attr(&r[28..], RTA_GATEWAY), Some(&[10, 0, 0, 0][..]));
-        assert_eq!(attr(&r[28..], RTA_OIF), Some(&2u32.to_ne_bytes()[..]));
+        assert_eq!(attr(&r[28..], libc::RTA_GATEWAY), Some(&[10, 0, 0, 0][..]));
+        assert_eq!(attr(&r[28..], libc::RTA_OIF), Some(&2u32.to_ne_bytes()[..]));
         let up = set_up(4, 1);
-        assert_eq!(u16_at(&up, 4), RTM_SETLINK);
+        assert_eq!(u16_at(&up, 4), libc::RTM_SETLINK);
+        let iff_up = libc::IFF_UP as u32;
         assert_eq!(
             (u32_at(&up, 20), u32_at(&up, 24), u32_at(&up, 28)),
-            (4, IFF_UP, IFF_UP)
+            (4, iff_up, iff_up)
         );
         let del = del_link(4, 1);
-        assert_eq!((u16_at(&del, 4), u32_at(&del, 20)), (RTM_DELLINK, 4));
+        assert_eq!((u16_at(&del, 4), u32_at(&del, 20)), (libc::RTM_DELLINK, 4));
         assert_eq!(u16_at(&dump_links(1), 6), 0x301);
-        assert_eq!(dump_routes(1)[16], AF_INET);
+        assert_eq!(dump_routes(1)[16], 2, "AF_INET");
     }
 
     #[test]
     fn reads_links_and_routes_of_a_dump() {
-        let mut a = Vec::new();
-        push_attr(&mut a, IFLA_IFNAME, b"eth0\0");
-        let link = message(RTM_NEWLINK, 2, 1, &ifinfomsg(9, 0, 0), &a);
-        assert_eq!(parse_link(RTM_NEWLINK, &link), Some((9, "eth0".into())));
-        assert_eq!(parse_link(RTM_NEWROUTE, &link), None);
-        let mut h = [0u8; RTMSG_LEN];
-        h[0] = AF_INET;
-        h[1] = 24;
-        let mut a = Vec::new();
-        push_attr(&mut a, RTA_DST, &[192, 168, 1, 0]);
-        push_attr(&mut a, RTA_OIF, &9u32.to_ne_bytes());
-        let route = message(RTM_NEWROUTE, 2, 1, &h, &a);
+        let mut l = link(9, false);
+        l.attributes = vec![LinkAttribute::IfName("eth0".into())];
+        let bytes = message(RouteNetlinkMessage::NewLink(l), 2, 1);
+        assert_eq!(parse_link(&bytes), Some((9, "eth0".into())));
+        assert_eq!(parse_route(&bytes), None);
+        let mut r = RouteMessage::default();
+        r.header.address_family = AddressFamily::Inet;
+        r.header.destination_prefix_length = 24;
+        r.attributes = vec![
+            RouteAttribute::Destination(RouteAddress::Inet(Ipv4Addr::new(192, 168, 1, 0))),
+            RouteAttribute::Oif(9),
+        ];
+        let route = message(RouteNetlinkMessage::NewRoute(r.clone()), 2, 1);
         assert_eq!(
-            parse_route(RTM_NEWROUTE, &route),
+            parse_route(&route),
             Some(Route {
                 dst: Ipv4Addr::new(192, 168, 1, 0),
                 len: 24,
@@ -349,13 +330,15 @@ mod tests {
                 via: false
             })
         );
-        push_attr(&mut a, RTA_GATEWAY, &[192, 168, 1, 1]);
-        let via = message(RTM_NEWROUTE, 2, 1, &h, &a);
-        assert!(parse_route(RTM_NEWROUTE, &via).unwrap().via);
-        h[0] = 10; // AF_INET6
-        assert_eq!(
-            parse_route(RTM_NEWROUTE, &message(RTM_NEWROUTE, 2, 1, &h, &[])),
-            None
-        );
+        r.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::new(
+                192, 168, 1, 1,
+            ))));
+        let via = message(RouteNetlinkMessage::NewRoute(r.clone()), 2, 1);
+        assert!(parse_route(&via).unwrap().via);
+        r.header.address_family = AddressFamily::Inet6;
+        r.attributes.clear();
+        let v6 = message(RouteNetlinkMessage::NewRoute(r), 2, 1);
+        assert_eq!(parse_route(&v6), None);
     }
 }
