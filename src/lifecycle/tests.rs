@@ -763,7 +763,9 @@ async fn the_ladder_freezes_reclaims_and_a_request_wakes() {
 
 #[tokio::test]
 async fn a_busy_sandbox_is_not_frozen_nor_reaped() {
-    let (lc, f, _) = freezing(Some(Duration::from_millis(20)));
+    // The idle timeout well above a round's spacing on a loaded machine
+    // (the first rounds must meet the freeze step, not the delete).
+    let (lc, f, _) = freezing(Some(Duration::from_millis(500)));
     lc.create(req("s1", "t")).await.unwrap();
     let refused = |step: &str| {
         lc.metrics()
@@ -927,7 +929,9 @@ async fn a_failed_reclaim_leaves_it_frozen_and_is_tried_again() {
 
 #[tokio::test]
 async fn a_frozen_sandbox_is_adopted_frozen_and_reaped_without_a_wake() {
-    let (lc, f, b) = freezing(Some(Duration::from_millis(30)));
+    // Reclaimed (2 ms) long before the idle timeout, even when the rounds
+    // of a loaded machine are late.
+    let (lc, f, b) = freezing(Some(Duration::from_millis(500)));
     lc.create(req("s1", "t")).await.unwrap();
     until_state(&lc, "s1", IdleState::Reclaimed).await;
     // A restarted daemon adopts it as the backend has it.

@@ -694,7 +694,14 @@ async fn upstream_connections_are_kept_alive() {
 #[tokio::test]
 async fn upstream_connections_outlive_client_connections() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (d, _) = daemon_with_upstream(&[("RUST_LOG", common::BARRIER_LOG)]).await;
+    // One connection worker: a parked connection serves only the worker
+    // that made it, and which worker the next client connection lands on
+    // depends on when the last one's end was counted.
+    let (d, _) = daemon_with_upstream(&[
+        ("RUST_LOG", common::BARRIER_LOG),
+        ("SANDBOXD_WORKER_THREADS", "1"),
+    ])
+    .await;
     let once = |addr: std::net::SocketAddr| async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         let req = format!(
