@@ -276,8 +276,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The incarnations `sandboxes` names, as the backend's table has them
     /// now, in the same order: each its record with the status and
-    /// `oom_killed` brought up to date, or `None` when the table has no such
-    /// incarnation (deleted, or replaced by another generation). One call
+    /// `oom_killed` brought up to date (and its place on the hibernation
+    /// ladder, `idle`, when the backend has one and it runs), or `None`
+    /// when the table has no such incarnation (deleted, or replaced by
+    /// another generation). One call
     /// for all of them: discover and a create's reuse ask for one, list and
     /// `/metrics` for every admitted one.
     async fn status(&self, sandboxes: &[SandboxRef]) -> Vec<Option<SandboxRecord>>;

@@ -154,11 +154,14 @@ case $accel in
 esac
 say "accelerator: $accel (guest time limit ${vm_timeout} s)"
 
-# The integration tests that matter on v2. Left out, and said: fuzz_api's
-# and native_client's native tests, which need the Python venv of
-# tests/py/setup-venv.sh (PyPI; the guest has no network) and nothing of
-# the cgroup layout.
-it_args="cgroups_real:: native network:: systemd --skip fuzz_api:: --skip native_client::"
+# The integration tests that matter on v2, with the heavy-tier ones among
+# them (native_hibernate's, each with a zram swap of its own: the v2
+# memory.reclaim path, which needs the memory controller this host's
+# unified hierarchy lacks; soak and package do not match the filters).
+# Left out, and said: fuzz_api's and native_client's native tests, which
+# need the Python venv of tests/py/setup-venv.sh (PyPI; the guest has no
+# network) and nothing of the cgroup layout.
+it_args="cgroups_real:: native network:: systemd --skip fuzz_api:: --skip native_client:: --include-ignored"
 say "integration tests inside: it $it_args (fuzz_api and native_client left out: they need the PyPI venv, and nothing of the host's cgroups)"
 cat > "$run/payload/env" <<EOF
 REPO=$repo
